@@ -1,0 +1,235 @@
+#!lua
+-- extract.lua: take up to `count` eligible proxies out of the pool, atomically.
+--
+-- KEYS[1]: {pp}:avail    ZSET, score 0, members "<bucket>|<expiresAt ms, 13 digits>|<id>"
+-- KEYS[2]: {pp}:buckets  HASH bucket -> number of members of KEYS[1] in that bucket
+-- KEYS[3]: {pp}:proxies  HASH id -> proxy record (JSON)
+-- KEYS[4]: (optional) {pp}:idem:<sha256(client id, Idempotency-Key)>  STRING
+-- ARGV[1]: count (1..1000)
+-- ARGV[2]: fulfillment, "partial" or "allOrNothing"
+-- ARGV[3]: reserveForGateway
+-- ARGV[4]: minRemainingTTL, ms
+-- ARGV[5]: maxHealthCheckAge, ms
+-- ARGV[6]: filters, JSON object; an absent dimension is unrestricted:
+--          {"protocols":[..],"regions":[..],"carriers":[..],"upstreams":[..]}
+-- ARGV[7]: request id (copied into the committed result)
+-- ARGV[8]: request digest, 64 hex chars (only with KEYS[4])
+-- ARGV[9]: idempotency record lifetime, ms (only with KEYS[4])
+-- Returns one of:
+--   {"ok", result}            committed; result is the JSON recorded for replay:
+--                             {"requestId","requested","extractedAt"(ms),"proxies":[records]}
+--   {"replay", result}        KEYS[4] held the same digest: nothing was extracted
+--   {"conflict"}              KEYS[4] held another digest: nothing was extracted
+--   {"insufficient", M}       allOrNothing could not be met; M = eligible - reserve
+--
+-- Every read and check happens before the first write, so an error can never
+-- leave a partial removal. The cost is O(log N) per bucket visited plus the
+-- entries examined, which is bounded by SCAN_BUDGET, never the pool's size.
+
+local avail, buckets, proxies, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local count = tonumber(ARGV[1])
+local all_or_nothing = ARGV[2] == 'allOrNothing'
+local reserve = tonumber(ARGV[3])
+local min_ttl, max_health_age = tonumber(ARGV[4]), tonumber(ARGV[5])
+local filters = cjson.decode(ARGV[6])
+local request_id, digest, idem_ttl = ARGV[7], ARGV[8], ARGV[9]
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- 1. Idempotency: a recorded result is replayed, never re-executed.
+if idem then
+  local prev = redis.call('GET', idem)
+  if prev then
+    if string.sub(prev, 1, 64) == digest then
+      return {'replay', string.sub(prev, 65)}
+    end
+    return {'conflict'}
+  end
+end
+
+-- 2. Buckets matching the filters (OR inside a dimension, AND across them).
+local function as_set(list)
+  if list == nil then return nil end
+  local set = {}
+  for _, v in ipairs(list) do set[v] = true end
+  return set
+end
+local want = {
+  as_set(filters.protocols), as_set(filters.regions),
+  as_set(filters.carriers), as_set(filters.upstreams),
+}
+
+local function split_bucket(bucket)
+  local parts = {}
+  for part in string.gmatch(bucket .. '|', '([^|]*)|') do parts[#parts + 1] = part end
+  return parts
+end
+
+local matching = {}
+local bucket_list = redis.call('HGETALL', buckets)
+for i = 1, #bucket_list, 2 do
+  local parts = split_bucket(bucket_list[i])
+  if #parts == 4 then
+    local ok = true
+    for d = 1, 4 do
+      if want[d] and not want[d][parts[d]] then ok = false break end
+    end
+    if ok then matching[#matching + 1] = bucket_list[i] end
+  end
+end
+
+-- 3. Merge the matching buckets in expiry order (first-expired, first-out),
+--    re-checking every candidate against its record, until count + reserve
+--    eligible entries are found, the buckets run dry or the budget is spent.
+local need = count + reserve
+local SCAN_BUDGET = 1024 + 4 * need
+local examined = 0
+local min_expiry = string.format('%013d', now + min_ttl)
+local health_cutoff = now - max_health_age
+
+local eligible = {}   -- {member=, bucket=, id=, record=}, in expiry order
+local prune = {}      -- {member=, bucket=}: index entries that can never be eligible
+
+local function well_formed(rec)
+  return type(rec) == 'table' and type(rec.protocol) == 'string' and type(rec.region) == 'string'
+    and type(rec.carrier) == 'string' and type(rec.upstream) == 'string'
+    and type(rec.expiresAt) == 'number' and type(rec.usableUntil) == 'number'
+    and type(rec.healthCheckedAt) == 'number'
+end
+
+local function bucket_of(rec)
+  return rec.protocol .. '|' .. rec.region .. '|' .. rec.carrier .. '|' .. rec.upstream
+end
+
+local function allocatable(rec)
+  if rec.healthOk ~= true then return false end
+  if rec.status == 'AVAILABLE' then return rec.owner == nil or rec.owner == cjson.null end
+  if rec.status == 'DRAINED' then return rec.active == 0 and rec.reserved == 0 end
+  return false
+end
+
+-- A cursor walks one bucket's slice of the index in pages.
+local function fill(cur)
+  local max = '[' .. cur.prefix .. '\255'
+  local page = redis.call('ZRANGEBYLEX', avail, cur.from, max, 'LIMIT', 0, cur.page)
+  cur.page = math.min(cur.page * 2, 512)
+  cur.items, cur.pos = {}, 1
+  if #page == 0 then cur.done = true return end
+  cur.from = '(' .. page[#page]
+  local ids = {}
+  for i, member in ipairs(page) do ids[i] = string.sub(member, #cur.prefix + 15) end
+  local raw = redis.call('HMGET', proxies, unpack(ids))
+  for i, member in ipairs(page) do
+    local expiry = tonumber(string.sub(member, #cur.prefix + 1, #cur.prefix + 13))
+    local ok, rec = false, nil
+    if raw[i] then ok, rec = pcall(cjson.decode, raw[i]) end
+    local verdict = 'prune'                    -- dangling, malformed or stale index entry
+    if ok and well_formed(rec) and rec.expiresAt == expiry and allocatable(rec)
+        and bucket_of(rec) == cur.bucket then
+      if rec.usableUntil <= now then
+        verdict = 'prune'                      -- safety margin reached: never eligible again
+      elseif rec.healthCheckedAt < health_cutoff then
+        verdict = 'skip'                       -- stale health: a fresh check makes it eligible
+      else
+        verdict = 'eligible'
+      end
+    end
+    if verdict == 'eligible' then
+      cur.items[#cur.items + 1] = {member = member, bucket = cur.bucket, id = ids[i], expiry = expiry, record = raw[i]}
+    elseif verdict == 'prune' then
+      prune[#prune + 1] = {member = member, bucket = cur.bucket}
+    end
+  end
+  examined = examined + #page
+end
+
+local function head(cur)
+  while not cur.done and cur.pos > #cur.items do
+    if examined >= SCAN_BUDGET then cur.done = true return nil end
+    fill(cur)
+  end
+  if cur.done and cur.pos > #cur.items then return nil end
+  return cur.items[cur.pos]
+end
+
+local first_page = math.max(8, math.min(need, math.ceil(need / math.max(#matching, 1)) + 1))
+local cursors = {}
+for _, bucket in ipairs(matching) do
+  local prefix = bucket .. '|'
+  cursors[#cursors + 1] = {bucket = bucket, prefix = prefix, from = '[' .. prefix .. min_expiry,
+                           page = first_page, items = {}, pos = 1, done = false}
+end
+
+local function earlier(a, b)
+  if a.expiry ~= b.expiry then return a.expiry < b.expiry end
+  return a.id < b.id
+end
+
+-- Binary min-heap of cursors keyed by their head entry.
+local heap = {}
+local function sift_up(i)
+  while i > 1 do
+    local p = math.floor(i / 2)
+    if earlier(heap[i].top, heap[p].top) then heap[i], heap[p] = heap[p], heap[i]; i = p else break end
+  end
+end
+local function sift_down(i)
+  local n = #heap
+  while true do
+    local l, r, m = 2 * i, 2 * i + 1, i
+    if l <= n and earlier(heap[l].top, heap[m].top) then m = l end
+    if r <= n and earlier(heap[r].top, heap[m].top) then m = r end
+    if m == i then return end
+    heap[i], heap[m] = heap[m], heap[i]; i = m
+  end
+end
+for _, cur in ipairs(cursors) do
+  cur.top = head(cur)
+  if cur.top then heap[#heap + 1] = cur; sift_up(#heap) end
+end
+while #heap > 0 and #eligible < need do
+  local cur = heap[1]
+  eligible[#eligible + 1] = cur.top
+  cur.pos = cur.pos + 1
+  cur.top = head(cur)
+  if cur.top then
+    sift_down(1)
+  else
+    heap[1] = heap[#heap]; heap[#heap] = nil
+    if #heap > 0 then sift_down(1) end
+  end
+end
+
+-- 4. Reserve and fulfillment.
+local available = math.max(0, #eligible - reserve)
+local take = math.min(count, available)
+if all_or_nothing and take < count then
+  return {'insufficient', tostring(available)}
+end
+
+-- 5. Writes: nothing below can fail.
+local removed = {}  -- bucket -> members removed from the index
+local function unindex(member, bucket)
+  removed[bucket] = (removed[bucket] or 0) + redis.call('ZREM', avail, member)
+end
+local records = {}
+for i = 1, take do
+  local e = eligible[i]
+  unindex(e.member, e.bucket)
+  redis.call('HSET', proxies, e.id, cjson.encode({id = e.id, status = 'EXTRACTED', expiresAt = e.expiry}))
+  records[i] = e.record
+end
+for _, p in ipairs(prune) do unindex(p.member, p.bucket) end
+for bucket, n in pairs(removed) do
+  if n > 0 and redis.call('HINCRBY', buckets, bucket, -n) <= 0 then
+    redis.call('HDEL', buckets, bucket)
+  end
+end
+
+local result = '{"requestId":' .. cjson.encode(request_id) .. ',"requested":' .. count ..
+  ',"extractedAt":' .. now .. ',"proxies":[' .. table.concat(records, ',') .. ']}'
+if idem then
+  redis.call('SET', idem, digest .. result, 'PX', idem_ttl)
+end
+return {'ok', result}

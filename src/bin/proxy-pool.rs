@@ -1,0 +1,229 @@
+//! `proxy-pool`: run the Distribution function locally and operate the pool.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, Subcommand};
+use proxy_pool::config::Config;
+use proxy_pool::distribution::{App, EXTRACT_PATH};
+use proxy_pool::local::{RedisServer, demo_proxies};
+use proxy_pool::pool::{NewProxy, RedisPool, UpsertStatus};
+use proxy_pool::security::AnonymousResolver;
+
+#[derive(Parser)]
+#[command(version, about = "Proxy Pool Distribution function, outside Lambda")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the Distribution API over plain HTTP. Without a Redis URL it
+    /// starts a private redis-server with a demo pool.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8081")]
+        listen: SocketAddr,
+        /// Redis holding the pool (default: PROXY_POOL_REDIS_URL, else a private one).
+        #[arg(long, env = "PROXY_POOL_REDIS_URL", hide_env_values = true)]
+        redis_url: Option<String>,
+        /// Demo proxies loaded into the private Redis.
+        #[arg(long, default_value_t = 300)]
+        demo_size: usize,
+    },
+    /// Add or refresh proxies from JSON Lines (one proxy a line; `-` = stdin).
+    Load {
+        /// Redis holding the pool.
+        #[arg(long, env = "PROXY_POOL_REDIS_URL", hide_env_values = true)]
+        redis_url: String,
+        /// The JSON Lines file, or `-` for standard input.
+        file: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    proxy_pool::telemetry::init(false);
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve {
+            listen,
+            redis_url,
+            demo_size,
+        } => serve(listen, redis_url, demo_size).await,
+        Command::Load { redis_url, file } => load(&redis_url, &file).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("proxy-pool: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+async fn serve(listen: SocketAddr, redis_url: Option<String>, demo_size: usize) -> CliResult {
+    let mut config = Config::from_env()?;
+    // The private Redis lives as long as this function: dropped, it is killed.
+    let mut private = None;
+    let (url, origin) = match redis_url {
+        Some(url) => (url, "your Redis".to_owned()),
+        None => {
+            let server = RedisServer::start().await?;
+            let url = server.url();
+            let origin = format!(
+                "a private redis-server on 127.0.0.1:{} with {demo_size} demo proxies (TEST-NET addresses)",
+                server.port()
+            );
+            private = Some(server);
+            (url, origin)
+        }
+    };
+    config.redis_url = Some(url.clone());
+    let pool = RedisPool::new(&url, config.redis_timeout)?;
+    if private.is_some() {
+        pool.upsert(&demo_proxies(demo_size, now_ms())).await?;
+        tokio::spawn(refresh_demo(pool.clone(), demo_size));
+    }
+    let app = Arc::new(App::new(&config, pool, Arc::new(AnonymousResolver)));
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    println!("proxy-pool serve: listening on http://{addr}, pool in {origin}");
+    println!(
+        "try: curl -s -X POST http://{addr}{EXTRACT_PATH} -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-0001' -d '{{\"count\":2,\"filters\":{{\"protocols\":[\"http\"]}}}}'"
+    );
+    println!("stop with Ctrl-C");
+    let _ = std::io::stdout().flush();
+    proxy_pool::server::serve(listener, app, shutdown_signal()).await?;
+    drop(private);
+    println!("proxy-pool serve: stopped");
+    Ok(())
+}
+
+/// Plays the health checker for the demo pool: refreshes health and expiry
+/// every minute, so the demo stays eligible for as long as serve runs.
+async fn refresh_demo(pool: RedisPool, demo_size: usize) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(e) = pool.upsert(&demo_proxies(demo_size, now_ms())).await {
+            tracing::warn!(error = %e, "demo refresh failed");
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    eprintln!("proxy-pool serve: shutting down, finishing open requests");
+}
+
+/// Lines parsed per upsert round trip.
+const LOAD_BATCH: usize = 500;
+
+async fn load(redis_url: &str, file: &str) -> CliResult {
+    let config = Config::from_env()?;
+    let pool = RedisPool::new(redis_url, config.redis_timeout)?;
+    let reader: Box<dyn BufRead> = if file == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(file).map_err(|e| format!("{file}: {e}"))?,
+        ))
+    };
+    let progress = std::io::stderr().is_terminal();
+    let mut tally = Tally::default();
+    let mut batch: Vec<(usize, NewProxy)> = Vec::with_capacity(LOAD_BATCH);
+    for (i, line) in reader.lines().enumerate() {
+        let number = i + 1;
+        let line = line.map_err(|e| format!("line {number}: {e}"))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match NewProxy::from_json_line(&line, now_ms()) {
+            Ok(p) => batch.push((number, p)),
+            Err(why) => tally.reject(number, &why),
+        }
+        if batch.len() == LOAD_BATCH {
+            tally.apply(&pool, &mut batch).await?;
+            if progress {
+                eprint!("\r{} lines read", number);
+            }
+        }
+    }
+    tally.apply(&pool, &mut batch).await?;
+    if progress {
+        eprintln!();
+    }
+    println!(
+        "loaded {}, refreshed {}, rejected {}",
+        tally.added, tally.refreshed, tally.rejected
+    );
+    Ok(())
+}
+
+#[derive(Default)]
+struct Tally {
+    added: usize,
+    refreshed: usize,
+    rejected: usize,
+}
+
+impl Tally {
+    fn reject(&mut self, line: usize, why: &str) {
+        self.rejected += 1;
+        eprintln!("line {line}: skipped: {why}");
+    }
+
+    async fn apply(
+        &mut self,
+        pool: &RedisPool,
+        batch: &mut Vec<(usize, NewProxy)>,
+    ) -> Result<(), proxy_pool::pool::PoolError> {
+        let proxies: Vec<NewProxy> = batch.iter().map(|(_, p)| p.clone()).collect();
+        let statuses = pool.upsert(&proxies).await?;
+        for ((line, _), status) in batch.iter().zip(statuses) {
+            match status {
+                UpsertStatus::Added => self.added += 1,
+                UpsertStatus::Refreshed => self.refreshed += 1,
+                UpsertStatus::Extracted => {
+                    self.reject(*line, "already extracted in its current TTL life")
+                }
+                UpsertStatus::Expired => {
+                    self.reject(*line, "already expired (or past its safety margin)")
+                }
+            }
+        }
+        batch.clear();
+        Ok(())
+    }
+}

@@ -1,0 +1,217 @@
+//! Typed settings, read once from `PROXY_POOL_*` environment variables.
+
+use std::time::Duration;
+
+use crate::extraction::Fulfillment;
+
+/// Hard upper bound for `PROXY_POOL_MAX_COUNT_PER_REQUEST` (the OpenAPI maximum).
+pub const MAX_COUNT_HARD_CAP: u32 = 1000;
+
+/// Every setting of the Distribution function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `PROXY_POOL_REDIS_URL`: where the pool lives (`redis://` or `rediss://`).
+    pub redis_url: Option<String>,
+    /// `PROXY_POOL_MAX_COUNT_PER_REQUEST`: largest `count` accepted (default 100).
+    pub max_count_per_request: u32,
+    /// `PROXY_POOL_DEFAULT_FULFILLMENT`: used when a request omits `fulfillment`.
+    pub default_fulfillment: Fulfillment,
+    /// `PROXY_POOL_MIN_REMAINING_TTL_SECONDS`: a proxy must live at least this long.
+    pub min_remaining_ttl: Duration,
+    /// `PROXY_POOL_MAX_HEALTH_CHECK_AGE_SECONDS`: oldest acceptable health check.
+    pub max_health_check_age: Duration,
+    /// `PROXY_POOL_RESERVE_FOR_GATEWAY`: eligible proxies always left for the Gateway.
+    pub reserve_for_gateway: u32,
+    /// `PROXY_POOL_IDEMPOTENCY_TTL_SECONDS`: how long an extraction can be replayed.
+    pub idempotency_ttl: Duration,
+    /// `PROXY_POOL_MAX_BODY_BYTES`: largest request body accepted.
+    pub max_body_bytes: usize,
+    /// `PROXY_POOL_REDIS_TIMEOUT_MS`: bound on connecting to and waiting for Redis.
+    pub redis_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            redis_url: None,
+            max_count_per_request: 100,
+            default_fulfillment: Fulfillment::Partial,
+            min_remaining_ttl: Duration::from_secs(30),
+            max_health_check_age: Duration::from_secs(120),
+            reserve_for_gateway: 0,
+            idempotency_ttl: Duration::from_secs(600),
+            max_body_bytes: 16 * 1024,
+            redis_timeout: Duration::from_millis(2000),
+        }
+    }
+}
+
+/// A setting that could not be used; names the variable, never echoes secrets.
+#[derive(Debug, thiserror::Error)]
+#[error("{variable}: {reason}")]
+pub struct ConfigError {
+    /// The environment variable at fault.
+    pub variable: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads settings through `lookup` (the environment, or a map in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let d = Self::default();
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let redis_url = get("PROXY_POOL_REDIS_URL");
+        if let Some(url) = &redis_url
+            && !(url.starts_with("redis://") || url.starts_with("rediss://"))
+        {
+            return Err(ConfigError {
+                variable: "PROXY_POOL_REDIS_URL",
+                reason: "must start with redis:// or rediss://".into(),
+            });
+        }
+        let max_count_per_request = number(
+            &get,
+            "PROXY_POOL_MAX_COUNT_PER_REQUEST",
+            d.max_count_per_request.into(),
+            1..=MAX_COUNT_HARD_CAP.into(),
+        )? as u32;
+        let default_fulfillment = match get("PROXY_POOL_DEFAULT_FULFILLMENT") {
+            None => d.default_fulfillment,
+            Some(v) => Fulfillment::parse(v.trim()).ok_or_else(|| ConfigError {
+                variable: "PROXY_POOL_DEFAULT_FULFILLMENT",
+                reason: "must be `partial` or `allOrNothing`".into(),
+            })?,
+        };
+        let secs = |name, default: Duration, range| {
+            number(&get, name, default.as_secs(), range).map(Duration::from_secs)
+        };
+        Ok(Self {
+            redis_url,
+            max_count_per_request,
+            default_fulfillment,
+            min_remaining_ttl: secs(
+                "PROXY_POOL_MIN_REMAINING_TTL_SECONDS",
+                d.min_remaining_ttl,
+                0..=86_400,
+            )?,
+            max_health_check_age: secs(
+                "PROXY_POOL_MAX_HEALTH_CHECK_AGE_SECONDS",
+                d.max_health_check_age,
+                1..=86_400,
+            )?,
+            reserve_for_gateway: number(&get, "PROXY_POOL_RESERVE_FOR_GATEWAY", 0, 0..=100_000)?
+                as u32,
+            idempotency_ttl: secs(
+                "PROXY_POOL_IDEMPOTENCY_TTL_SECONDS",
+                d.idempotency_ttl,
+                1..=86_400,
+            )?,
+            max_body_bytes: number(
+                &get,
+                "PROXY_POOL_MAX_BODY_BYTES",
+                d.max_body_bytes as u64,
+                256..=1024 * 1024,
+            )? as usize,
+            redis_timeout: number(
+                &get,
+                "PROXY_POOL_REDIS_TIMEOUT_MS",
+                d.redis_timeout.as_millis() as u64,
+                10..=60_000,
+            )
+            .map(Duration::from_millis)?,
+        })
+    }
+}
+
+fn number(
+    get: &impl Fn(&str) -> Option<String>,
+    variable: &'static str,
+    default: u64,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<u64, ConfigError> {
+    let Some(raw) = get(variable) else {
+        return Ok(default);
+    };
+    let bad = || ConfigError {
+        variable,
+        reason: format!(
+            "must be a whole number from {} to {}",
+            range.start(),
+            range.end()
+        ),
+    };
+    let value: u64 = raw.trim().parse().map_err(|_| bad())?;
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(bad())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    /// An empty environment gives the documented defaults.
+    #[test]
+    fn defaults() {
+        assert_eq!(from(&[]).unwrap(), Config::default());
+    }
+
+    /// Each setting is read from its own variable.
+    #[test]
+    fn reads_every_variable() {
+        let c = from(&[
+            ("PROXY_POOL_REDIS_URL", "redis://127.0.0.1:1/"),
+            ("PROXY_POOL_MAX_COUNT_PER_REQUEST", "1000"),
+            ("PROXY_POOL_DEFAULT_FULFILLMENT", "allOrNothing"),
+            ("PROXY_POOL_MIN_REMAINING_TTL_SECONDS", "5"),
+            ("PROXY_POOL_MAX_HEALTH_CHECK_AGE_SECONDS", "7"),
+            ("PROXY_POOL_RESERVE_FOR_GATEWAY", "3"),
+            ("PROXY_POOL_IDEMPOTENCY_TTL_SECONDS", "9"),
+            ("PROXY_POOL_MAX_BODY_BYTES", "4096"),
+            ("PROXY_POOL_REDIS_TIMEOUT_MS", "250"),
+        ])
+        .unwrap();
+        assert_eq!(c.redis_url.as_deref(), Some("redis://127.0.0.1:1/"));
+        assert_eq!(c.max_count_per_request, 1000);
+        assert_eq!(c.default_fulfillment, Fulfillment::AllOrNothing);
+        assert_eq!(c.min_remaining_ttl, Duration::from_secs(5));
+        assert_eq!(c.max_health_check_age, Duration::from_secs(7));
+        assert_eq!(c.reserve_for_gateway, 3);
+        assert_eq!(c.idempotency_ttl, Duration::from_secs(9));
+        assert_eq!(c.max_body_bytes, 4096);
+        assert_eq!(c.redis_timeout, Duration::from_millis(250));
+    }
+
+    /// A bad value is refused with the variable's name, never silently defaulted.
+    #[test]
+    fn names_the_bad_variable() {
+        for (var, value) in [
+            ("PROXY_POOL_MAX_COUNT_PER_REQUEST", "1001"),
+            ("PROXY_POOL_MAX_COUNT_PER_REQUEST", "0"),
+            ("PROXY_POOL_DEFAULT_FULFILLMENT", "some"),
+            ("PROXY_POOL_IDEMPOTENCY_TTL_SECONDS", "-1"),
+            ("PROXY_POOL_REDIS_URL", "http://x"),
+            ("PROXY_POOL_MAX_BODY_BYTES", "lots"),
+        ] {
+            let err = from(&[(var, value)]).unwrap_err();
+            assert_eq!(err.variable, var);
+            assert!(err.to_string().starts_with(var));
+        }
+    }
+}

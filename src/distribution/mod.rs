@@ -1,0 +1,275 @@
+//! The thin HTTP adapter (the seeds' `distribution.Handler`): routing,
+//! admission, strict decoding, problem mapping and health probes. The same
+//! [`handle`] serves API Gateway events in Lambda and plain HTTP under `serve`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use lambda_http::http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
+use lambda_http::{Body, Request};
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::extraction::{
+    ExtractRequest, ExtractionService, Filters, IdempotencyKey, Policy, ServiceError,
+};
+use crate::httpapi::{InvalidParam, Problem, RequestId, json_response};
+use crate::pool::{ExtractionOutcome, PoolError, RedisPool};
+use crate::security::IdentityResolver;
+
+/// The extraction endpoint.
+pub const EXTRACT_PATH: &str = "/api/v1/proxies/extract";
+/// Liveness probe.
+pub const LIVE_PATH: &str = "/health/live";
+/// Readiness probe.
+pub const READY_PATH: &str = "/health/ready";
+
+/// Everything a request needs, built once per process and shared.
+pub struct App {
+    service: ExtractionService,
+    pool: RedisPool,
+    identity: Arc<dyn IdentityResolver>,
+    max_body_bytes: usize,
+    draining: AtomicBool,
+}
+
+impl App {
+    /// Wires the handler's dependencies.
+    pub fn new(config: &Config, pool: RedisPool, identity: Arc<dyn IdentityResolver>) -> Self {
+        Self {
+            service: ExtractionService::new(Policy::from(config), pool.clone()),
+            pool,
+            identity,
+            max_body_bytes: config.max_body_bytes,
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// From now on readiness and extraction answer 503 (graceful shutdown).
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Largest request body accepted.
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
+    }
+
+    fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+}
+
+/// Fields of the one access-log line written per request.
+#[derive(Default)]
+struct AccessLog {
+    client_id: Option<String>,
+    requested: Option<u32>,
+    returned: Option<usize>,
+    filters: Option<String>,
+    upstreams: Option<String>,
+    replayed: bool,
+}
+
+/// Handles one HTTP request. Always answers: every failure is a problem response.
+pub async fn handle(app: &App, request: Request) -> Response<Body> {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let mut log = AccessLog::default();
+    let (request_id, result) = match RequestId::from_headers(request.headers()) {
+        Err(generated) => (
+            generated,
+            Err(Problem::bad_request(
+                "invalid X-Request-ID header",
+                vec![InvalidParam::new(
+                    "X-Request-ID",
+                    "must be one header of 1 to 128 visible ASCII characters",
+                )],
+            )),
+        ),
+        Ok(id) => {
+            let result = route(app, request, &id, &mut log).await;
+            (id, result)
+        }
+    };
+    let (response, code) = match result {
+        Ok(response) => (response, ""),
+        Err(problem) => {
+            let code = problem.code();
+            (problem.into_response(&request_id), code)
+        }
+    };
+    tracing::info!(
+        request_id = request_id.as_str(),
+        method = %method,
+        path = %path,
+        status = response.status().as_u16(),
+        code,
+        client_id = log.client_id.as_deref(),
+        requested = log.requested,
+        returned = log.returned,
+        replayed = log.replayed,
+        filters = log.filters.as_deref(),
+        upstreams = log.upstreams.as_deref(),
+        latency_us = started.elapsed().as_micros() as u64,
+        "request"
+    );
+    response
+}
+
+async fn route(
+    app: &App,
+    request: Request,
+    request_id: &RequestId,
+    log: &mut AccessLog,
+) -> Result<Response<Body>, Problem> {
+    let path = request.uri().path();
+    let method = request.method();
+    match path {
+        EXTRACT_PATH if method == Method::POST => extract(app, request, request_id, log).await,
+        EXTRACT_PATH => Err(Problem::method_not_allowed("POST")),
+        LIVE_PATH if method == Method::GET => Ok(health(request_id)),
+        READY_PATH if method == Method::GET => ready(app, request_id).await,
+        LIVE_PATH | READY_PATH => Err(Problem::method_not_allowed("GET")),
+        _ => Err(Problem::not_found()),
+    }
+}
+
+#[derive(Serialize)]
+struct Health {
+    status: &'static str,
+    version: &'static str,
+}
+
+fn health(request_id: &RequestId) -> Response<Body> {
+    let body = Health {
+        status: "ok",
+        version: env!("CARGO_PKG_VERSION"),
+    };
+    json_response(
+        StatusCode::OK,
+        serde_json::to_string(&body).unwrap_or_default(),
+        request_id,
+    )
+}
+
+async fn ready(app: &App, request_id: &RequestId) -> Result<Response<Body>, Problem> {
+    if app.is_draining() {
+        return Err(Problem::unavailable("the service is draining"));
+    }
+    app.pool.ping().await.map_err(pool_problem)?;
+    Ok(health(request_id))
+}
+
+async fn extract(
+    app: &App,
+    request: Request,
+    request_id: &RequestId,
+    log: &mut AccessLog,
+) -> Result<Response<Body>, Problem> {
+    if app.is_draining() {
+        return Err(Problem::unavailable("the service is draining"));
+    }
+    let identity = app.identity.resolve(&request)?;
+    log.client_id = Some(identity.client_id.clone());
+    check_content_type(request.headers())?;
+    if declared_length(request.headers()).is_some_and(|n| n > app.max_body_bytes) {
+        return Err(Problem::payload_too_large(app.max_body_bytes));
+    }
+    let key = IdempotencyKey::from_headers(request.headers())?;
+    let body = request.body().as_ref();
+    if body.len() > app.max_body_bytes {
+        return Err(Problem::payload_too_large(app.max_body_bytes));
+    }
+    let decoded = ExtractRequest::decode(body, app.service.max_count(&identity))?;
+    log.requested = Some(decoded.count);
+    log.filters = Some(summarize(&decoded.filters));
+
+    let outcome = app
+        .service
+        .extract(&identity, &decoded, key.as_ref(), request_id.as_str())
+        .await
+        .map_err(|e| match e {
+            ServiceError::Rejected(problem) => problem,
+            ServiceError::Pool(e) => pool_problem(e),
+        })?;
+    match outcome {
+        ExtractionOutcome::Committed(done) => {
+            log.returned = Some(done.proxies.len());
+            log.upstreams = Some(done.upstreams().into_iter().collect::<Vec<_>>().join(","));
+            Ok(json_response(StatusCode::OK, done.render(), request_id))
+        }
+        ExtractionOutcome::Replayed(done) => {
+            log.replayed = true;
+            log.returned = Some(done.proxies.len());
+            let mut response = json_response(StatusCode::OK, done.render(), request_id);
+            response
+                .headers_mut()
+                .insert("idempotent-replayed", HeaderValue::from_static("true"));
+            Ok(response)
+        }
+        ExtractionOutcome::KeyReused => Err(Problem::idempotency_key_reused()),
+        ExtractionOutcome::Insufficient { available } => {
+            log.returned = Some(0);
+            Err(Problem::insufficient_proxies(decoded.count, available))
+        }
+    }
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), Problem> {
+    let media_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::trim);
+    match media_type {
+        Some(t) if t.eq_ignore_ascii_case("application/json") => Ok(()),
+        _ => Err(Problem::unsupported_media_type()),
+    }
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Filters for the access log: dimension names and values, never proxy data.
+fn summarize(f: &Filters) -> String {
+    let dims = [
+        ("protocols", &f.protocols),
+        ("regions", &f.regions),
+        ("carriers", &f.carriers),
+        ("upstreams", &f.allowed_upstreams),
+    ];
+    let parts: Vec<String> = dims
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(name, v)| format!("{name}={}", v.join("|")))
+        .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// Maps a pool failure to 503 or a cause-free 500; the cause is logged here.
+fn pool_problem(e: PoolError) -> Problem {
+    match e {
+        PoolError::Unavailable(_) => {
+            tracing::warn!(error = %e, "pool unavailable");
+            Problem::unavailable("the proxy pool is unavailable, retry later")
+        }
+        PoolError::Internal(_) => {
+            tracing::error!(error = %e, "pool failure");
+            Problem::internal()
+        }
+    }
+}

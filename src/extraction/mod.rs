@@ -1,0 +1,11 @@
+//! Exclusive extraction: the request and response types and the service
+//! that applies the client's identity and the server's policy before the
+//! pool's atomic script runs.
+
+mod request;
+mod response;
+mod service;
+
+pub use request::{ExtractRequest, Filters, Fulfillment, MAX_FILTER_VALUES, PROTOCOLS};
+pub use response::{CommittedExtraction, PooledProxy, rfc3339};
+pub use service::{ExtractionService, IdempotencyKey, Policy, ServiceError};

@@ -1,0 +1,206 @@
+//! The committed result of an extraction and its rendering as the 200 body.
+
+use std::collections::BTreeSet;
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// A proxy as recorded in the pool (the public part of its record).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PooledProxy {
+    /// Stable proxy id.
+    pub id: String,
+    /// `http`, `https` or `socks5`.
+    pub protocol: String,
+    /// Host name or IP address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Proxy user, if any.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Proxy password, if any.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Region ("" when unknown).
+    #[serde(default)]
+    pub region: String,
+    /// Carrier ("" when unknown).
+    #[serde(default)]
+    pub carrier: String,
+    /// Upstream provider.
+    pub upstream: String,
+    /// Hard expiry, Unix ms.
+    pub expires_at: i64,
+}
+
+/// What one committed extraction recorded: the source of the 200 body,
+/// stored in the idempotency record so a replay renders the same bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CommittedExtraction {
+    /// Request id of the request that committed it.
+    pub request_id: String,
+    /// The `count` asked for.
+    pub requested: u32,
+    /// Redis time of the commit, Unix ms.
+    pub extracted_at: i64,
+    /// The proxies taken, soonest-expiring first.
+    pub proxies: Vec<PooledProxy>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ExtractResponse<'a> {
+    request_id: &'a str,
+    requested: u32,
+    returned: usize,
+    proxies: Vec<ExtractedProxy<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ExtractedProxy<'a> {
+    id: &'a str,
+    protocol: &'a str,
+    host: &'a str,
+    port: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    username: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    password: Option<&'a str>,
+    url: String,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    region: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    carrier: &'a str,
+    upstream: &'a str,
+    expires_at: String,
+    remaining_ttl_seconds: i64,
+    extracted_at: String,
+}
+
+/// Characters left as they are in URL userinfo (RFC 3986 unreserved).
+const USERINFO: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// RFC 3339 UTC at whole seconds (floor), e.g. `2026-07-28T10:30:00Z`.
+pub fn rfc3339(unix_ms: i64) -> String {
+    OffsetDateTime::from_unix_timestamp(unix_ms.div_euclid(1000))
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+impl PooledProxy {
+    /// `protocol://user:password@host:port`, userinfo percent-encoded.
+    pub fn url(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        let userinfo = match (&self.username, &self.password) {
+            (Some(u), Some(p)) => format!(
+                "{}:{}@",
+                utf8_percent_encode(u, USERINFO),
+                utf8_percent_encode(p, USERINFO)
+            ),
+            (Some(u), None) => format!("{}@", utf8_percent_encode(u, USERINFO)),
+            _ => String::new(),
+        };
+        format!("{}://{userinfo}{host}:{}", self.protocol, self.port)
+    }
+}
+
+impl CommittedExtraction {
+    /// The response body. Deterministic, so a replay is byte for byte the same.
+    pub fn render(&self) -> String {
+        let extracted_at = rfc3339(self.extracted_at);
+        let body = ExtractResponse {
+            request_id: &self.request_id,
+            requested: self.requested,
+            returned: self.proxies.len(),
+            proxies: self
+                .proxies
+                .iter()
+                .map(|p| ExtractedProxy {
+                    id: &p.id,
+                    protocol: &p.protocol,
+                    host: &p.host,
+                    port: p.port,
+                    username: p.username.as_deref(),
+                    password: p.password.as_deref(),
+                    url: p.url(),
+                    region: &p.region,
+                    carrier: &p.carrier,
+                    upstream: &p.upstream,
+                    expires_at: rfc3339(p.expires_at),
+                    remaining_ttl_seconds: (p.expires_at - self.extracted_at).max(0) / 1000,
+                    extracted_at: extracted_at.clone(),
+                })
+                .collect(),
+        };
+        serde_json::to_string(&body).unwrap_or_default()
+    }
+
+    /// The distinct upstreams handed out (for the access log).
+    pub fn upstreams(&self) -> BTreeSet<&str> {
+        self.proxies.iter().map(|p| p.upstream.as_str()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proxy() -> PooledProxy {
+        PooledProxy {
+            id: "px_1".into(),
+            protocol: "http".into(),
+            host: "192.0.2.10".into(),
+            port: 8080,
+            username: Some("USER".into()),
+            password: Some("p@ss:w/rd".into()),
+            region: "shanghai".into(),
+            carrier: String::new(),
+            upstream: "provider-a".into(),
+            expires_at: 1_785_234_600_000,
+        }
+    }
+
+    /// Credentials are percent-encoded in the URL; IPv6 hosts are bracketed.
+    #[test]
+    fn builds_urls() {
+        assert_eq!(proxy().url(), "http://USER:p%40ss%3Aw%2Frd@192.0.2.10:8080");
+        let mut v6 = proxy();
+        v6.host = "2001:db8::1".into();
+        v6.username = None;
+        v6.password = None;
+        assert_eq!(v6.url(), "http://[2001:db8::1]:8080");
+    }
+
+    /// The rendered body carries floor-second times and the remaining TTL.
+    #[test]
+    fn renders_the_seed_shape() {
+        let c = CommittedExtraction {
+            request_id: "req_1".into(),
+            requested: 5,
+            extracted_at: 1_785_234_517_900,
+            proxies: vec![proxy()],
+        };
+        let body: serde_json::Value = serde_json::from_str(&c.render()).unwrap();
+        assert_eq!(body["returned"], 1);
+        let p = &body["proxies"][0];
+        assert_eq!(p["expiresAt"], "2026-07-28T10:30:00Z");
+        assert_eq!(p["extractedAt"], "2026-07-28T10:28:37Z");
+        assert_eq!(p["remainingTtlSeconds"], 82);
+        assert!(p.get("carrier").is_none());
+    }
+}

@@ -1,0 +1,170 @@
+use std::collections::BTreeSet;
+
+use lambda_http::http::HeaderMap;
+
+use super::{ExtractRequest, Fulfillment};
+use crate::config::Config;
+use crate::httpapi::{InvalidParam, Problem};
+use crate::pool::{
+    ExtractionOutcome, ExtractionQuery, IdempotencyScope, PoolError, RedisPool, keys,
+};
+use crate::security::Identity;
+
+/// A validated `Idempotency-Key`: 8 to 128 visible ASCII characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// The request header.
+    pub const HEADER: &'static str = "idempotency-key";
+
+    /// Reads the optional header; a present but invalid key is a 400.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, Problem> {
+        let mut values = headers.get_all(Self::HEADER).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        let bytes = value.as_bytes();
+        if values.next().is_some()
+            || !(8..=128).contains(&bytes.len())
+            || !bytes.iter().all(|b| (0x21..=0x7e).contains(b))
+        {
+            return Err(Problem::bad_request(
+                "invalid Idempotency-Key header",
+                vec![InvalidParam::new(
+                    "Idempotency-Key",
+                    "must be one header of 8 to 128 visible ASCII characters",
+                )],
+            ));
+        }
+        Ok(Some(Self(String::from_utf8_lossy(bytes).into_owned())))
+    }
+
+    /// The key as sent.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The server-side rules every extraction runs under.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// `maxCountPerRequest`.
+    pub max_count_per_request: u32,
+    /// Used when the request names no fulfillment.
+    pub default_fulfillment: Fulfillment,
+    /// See [`Config::min_remaining_ttl`].
+    pub min_remaining_ttl: std::time::Duration,
+    /// See [`Config::max_health_check_age`].
+    pub max_health_check_age: std::time::Duration,
+    /// See [`Config::reserve_for_gateway`].
+    pub reserve_for_gateway: u32,
+    /// See [`Config::idempotency_ttl`].
+    pub idempotency_ttl: std::time::Duration,
+}
+
+impl From<&Config> for Policy {
+    fn from(c: &Config) -> Self {
+        Self {
+            max_count_per_request: c.max_count_per_request,
+            default_fulfillment: c.default_fulfillment,
+            min_remaining_ttl: c.min_remaining_ttl,
+            max_health_check_age: c.max_health_check_age,
+            reserve_for_gateway: c.reserve_for_gateway,
+            idempotency_ttl: c.idempotency_ttl,
+        }
+    }
+}
+
+/// Applies identity and policy to a request, then runs the atomic extraction.
+#[derive(Clone)]
+pub struct ExtractionService {
+    policy: Policy,
+    pool: RedisPool,
+}
+
+impl ExtractionService {
+    /// A service drawing from `pool` under `policy`.
+    pub fn new(policy: Policy, pool: RedisPool) -> Self {
+        Self { policy, pool }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Largest `count` this client may ask for.
+    pub fn max_count(&self, identity: &Identity) -> u32 {
+        identity
+            .max_count
+            .map_or(self.policy.max_count_per_request, |m| {
+                m.min(self.policy.max_count_per_request)
+            })
+    }
+
+    /// Extracts for `identity`. `Err` is a problem to answer with as it is;
+    /// pool failures come back as 503 or 500 and are logged by the caller.
+    pub async fn extract(
+        &self,
+        identity: &Identity,
+        request: &ExtractRequest,
+        key: Option<&IdempotencyKey>,
+        request_id: &str,
+    ) -> Result<ExtractionOutcome, ServiceError> {
+        let upstreams = self.upstreams(identity, &request.filters.allowed_upstreams)?;
+        let fulfillment = request
+            .fulfillment
+            .unwrap_or(self.policy.default_fulfillment);
+        let query = ExtractionQuery {
+            count: request.count,
+            fulfillment,
+            reserve: self.policy.reserve_for_gateway,
+            min_remaining_ttl: self.policy.min_remaining_ttl,
+            max_health_check_age: self.policy.max_health_check_age,
+            filters: &request.filters,
+            upstreams: upstreams.as_ref(),
+            request_id,
+            idempotency: key.map(|k| IdempotencyScope {
+                key: keys::idempotency(&identity.client_id, k.as_str()),
+                digest: request.digest(fulfillment),
+                ttl: self.policy.idempotency_ttl,
+            }),
+        };
+        Ok(self.pool.extract(&query).await?)
+    }
+
+    /// The upstreams the request may draw from: the client's permission
+    /// narrowed by `allowedUpstreams`, which can never widen it (403).
+    fn upstreams(
+        &self,
+        identity: &Identity,
+        requested: &[String],
+    ) -> Result<Option<BTreeSet<String>>, ServiceError> {
+        match (&identity.allowed_upstreams, requested.is_empty()) {
+            (None, true) => Ok(None),
+            (None, false) => Ok(Some(requested.iter().cloned().collect())),
+            (Some(allowed), true) => Ok(Some(allowed.clone())),
+            (Some(allowed), false) => {
+                if requested.iter().any(|u| !allowed.contains(u)) {
+                    return Err(ServiceError::Rejected(Problem::forbidden(
+                        "UPSTREAM_FORBIDDEN",
+                        "allowedUpstreams names an upstream this client may not use",
+                    )));
+                }
+                Ok(Some(requested.iter().cloned().collect()))
+            }
+        }
+    }
+}
+
+/// Why an extraction did not reach a verdict.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Refused before the pool was asked.
+    #[error("rejected: {}", .0.code())]
+    Rejected(Problem),
+    /// The pool failed.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}

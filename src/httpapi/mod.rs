@@ -1,0 +1,31 @@
+//! Shared HTTP plumbing: request ids, RFC 9457 problems and JSON responses.
+
+mod problem;
+mod request_id;
+
+pub use problem::{InvalidParam, Problem};
+pub use request_id::RequestId;
+
+use lambda_http::Body;
+use lambda_http::http::{HeaderValue, Response, StatusCode, header};
+
+/// Builds a JSON response carrying the request id; never cached, since
+/// extraction responses hold live credentials.
+pub fn json_response(status: StatusCode, body: String, request_id: &RequestId) -> Response<Body> {
+    respond(status, "application/json", body, request_id)
+}
+
+fn respond(
+    status: StatusCode,
+    content_type: &'static str,
+    body: String,
+    request_id: &RequestId,
+) -> Response<Body> {
+    let mut response = Response::new(Body::Text(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(RequestId::HEADER, request_id.header_value());
+    response
+}

@@ -1,0 +1,25 @@
+//! Proxy Pool Distribution function: hands short-lived proxies out of a Redis
+//! TTL pool, each to exactly one client, in one atomic Lua script call.
+//!
+//! Module map, outside in:
+//!
+//! * [`distribution`]: the thin HTTP adapter shared by Lambda and `serve`:
+//!   routing, admission, decoding, problem mapping, health.
+//! * [`httpapi`]: request ids, RFC 9457 problems, JSON responses.
+//! * [`security`]: who is calling (source address, client identity).
+//! * [`extraction`]: request/response types and the service applying policy.
+//! * [`pool`]: the Redis pool: key layout, Lua scripts (`lua/`), adapter.
+//! * [`config`]: typed settings from `PROXY_POOL_*` variables.
+//! * [`server`]: the plain HTTP server behind `proxy-pool serve`.
+//! * [`local`]: a private `redis-server` and a demo pool for running locally.
+//! * [`telemetry`]: tracing set-up (JSON in Lambda, text locally).
+
+pub mod config;
+pub mod distribution;
+pub mod extraction;
+pub mod httpapi;
+pub mod local;
+pub mod pool;
+pub mod security;
+pub mod server;
+pub mod telemetry;

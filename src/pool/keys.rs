@@ -1,0 +1,41 @@
+//! Names of the pool's Redis keys. All share one hash tag, so every script
+//! touches a single Redis Cluster slot.
+
+use sha2::{Digest, Sha256};
+
+/// The hash tag every pool key starts with.
+pub const HASH_TAG: &str = "{pp}";
+
+/// `ZSET`, score 0: the allocatable index, one member per proxy that may be
+/// handed out, `"<protocol>|<region>|<carrier>|<upstream>|<expiresAt ms, 13 digits>|<id>"`,
+/// so each bucket is a lexicographic range sorted by expiry.
+pub const AVAIL: &str = "{pp}:avail";
+/// `HASH` bucket -> number of its members in [`AVAIL`].
+pub const BUCKETS: &str = "{pp}:buckets";
+/// `HASH` proxy id -> record (JSON), or a credential-free tombstone once extracted.
+pub const PROXIES: &str = "{pp}:proxies";
+/// `ZSET` proxy id -> expiresAt ms, for pruning expired records.
+pub const EXPIRY: &str = "{pp}:expiry";
+
+/// `STRING` holding one committed extraction for replay, scoped to a client
+/// and its `Idempotency-Key` (hashed, so neither appears in key names).
+pub fn idempotency(client_id: &str, key: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(client_id.as_bytes());
+    h.update([0]);
+    h.update(key.as_bytes());
+    format!("{HASH_TAG}:idem:{}", hex::encode(h.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Client and key are both part of the scope, and nothing is ambiguous.
+    #[test]
+    fn idempotency_keys_are_scoped() {
+        assert_ne!(idempotency("a", "bkey0000"), idempotency("b", "bkey0000"));
+        assert_ne!(idempotency("ab", "c"), idempotency("a", "bc"));
+        assert!(idempotency("a", "b").starts_with("{pp}:idem:"));
+    }
+}

@@ -1,0 +1,17 @@
+//! The Redis TTL activity pool: key layout, Lua scripts and the adapter
+//! that runs them.
+//!
+//! | key | type | contents | TTL |
+//! |---|---|---|---|
+//! | `{pp}:avail` | ZSET | allocatable index, lex members `bucket|expiry|id` | latest expiry it holds |
+//! | `{pp}:buckets` | HASH | bucket -> members in the index | latest expiry |
+//! | `{pp}:proxies` | HASH | id -> record JSON / tombstone | latest expiry |
+//! | `{pp}:expiry` | ZSET | id -> expiresAt ms | latest expiry |
+//! | `{pp}:idem:<sha256>` | STRING | digest + committed result | idempotency window |
+
+pub mod keys;
+mod new_proxy;
+mod redis_pool;
+
+pub use new_proxy::{NewProxy, UpsertStatus};
+pub use redis_pool::{ExtractionOutcome, ExtractionQuery, IdempotencyScope, PoolError, RedisPool};

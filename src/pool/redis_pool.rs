@@ -1,0 +1,320 @@
+//! The Redis adapter: one cached, self-healing connection and the scripts.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{FromRedisValue, RedisError, Script, ScriptInvocation};
+use serde::Serialize;
+
+use super::keys;
+use super::new_proxy::{NewProxy, UpsertStatus};
+use crate::extraction::{CommittedExtraction, Filters, Fulfillment};
+
+/// After this long without traffic (e.g. a thawed Lambda), or after a failed
+/// call, the connection is PINGed before a script is sent, so a dead socket
+/// is found (and replaced) by a command that is safe to repeat.
+const IDLE_PING_AFTER: Duration = Duration::from_secs(30);
+/// Proxies sent to `lua/upsert.lua` per call.
+const UPSERT_BATCH: usize = 500;
+
+/// Why the pool could not answer. Messages carry Redis error kinds and codes,
+/// never Redis error text or topology.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// Redis is unreachable, too slow, out of memory, busy or read-only: retry later (503).
+    #[error("redis unavailable: {0}")]
+    Unavailable(String),
+    /// Anything else: a bug or a damaged pool (500).
+    #[error("redis failure: {0}")]
+    Internal(String),
+}
+
+impl From<RedisError> for PoolError {
+    fn from(e: RedisError) -> Self {
+        const TRANSIENT: [&str; 10] = [
+            "OOM",
+            "BUSY",
+            "LOADING",
+            "READONLY",
+            "MASTERDOWN",
+            "CLUSTERDOWN",
+            "TRYAGAIN",
+            "NOREPLICAS",
+            "MISCONF",
+            "MOVED",
+        ];
+        let code = e.code().unwrap_or("");
+        let what = format!("{:?} {code}", e.kind());
+        if e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || TRANSIENT.contains(&code)
+        {
+            Self::Unavailable(what)
+        } else {
+            Self::Internal(what)
+        }
+    }
+}
+
+/// Where a committed extraction is recorded for replay.
+#[derive(Debug, Clone)]
+pub struct IdempotencyScope {
+    /// The Redis key, from [`keys::idempotency`].
+    pub key: String,
+    /// [`crate::extraction::ExtractRequest::digest`] of the request.
+    pub digest: String,
+    /// How long the record lives.
+    pub ttl: Duration,
+}
+
+/// Everything `lua/extract.lua` needs for one extraction.
+#[derive(Debug, Clone)]
+pub struct ExtractionQuery<'a> {
+    /// Proxies asked for.
+    pub count: u32,
+    /// Effective fulfillment mode.
+    pub fulfillment: Fulfillment,
+    /// Eligible proxies to leave for the Gateway.
+    pub reserve: u32,
+    /// Minimum remaining life of a proxy handed out.
+    pub min_remaining_ttl: Duration,
+    /// Oldest acceptable health check.
+    pub max_health_check_age: Duration,
+    /// Protocol, region and carrier filters (their upstream list is already
+    /// folded into `upstreams`).
+    pub filters: &'a Filters,
+    /// Upstreams the request may draw from; `None` means any.
+    pub upstreams: Option<&'a BTreeSet<String>>,
+    /// Copied into the committed result.
+    pub request_id: &'a str,
+    /// Present when the caller sent an `Idempotency-Key`.
+    pub idempotency: Option<IdempotencyScope>,
+}
+
+/// The script's verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExtractionOutcome {
+    /// Proxies removed from the pool and (if scoped) recorded.
+    Committed(CommittedExtraction),
+    /// The same request was committed before: its result, nothing extracted.
+    Replayed(CommittedExtraction),
+    /// The `Idempotency-Key` was used with another request.
+    KeyReused,
+    /// `allOrNothing` could not be met; `available` = eligible minus reserve.
+    Insufficient {
+        /// What could have been handed out.
+        available: u64,
+    },
+}
+
+#[derive(Serialize)]
+struct ScriptFilters<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    protocols: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    regions: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    carriers: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstreams: Option<&'a BTreeSet<String>>,
+}
+
+fn restricting(list: &[String]) -> Option<&[String]> {
+    (!list.is_empty()).then_some(list)
+}
+
+/// The pool in Redis. Cheap to clone; clones share one connection.
+#[derive(Clone)]
+pub struct RedisPool {
+    conn: ConnectionManager,
+    timeout: Duration,
+    scripts: Arc<Scripts>,
+    started: Instant,
+    last_used_ms: Arc<AtomicU64>,
+    suspect: Arc<AtomicBool>,
+}
+
+struct Scripts {
+    extract: Script,
+    upsert: Script,
+}
+
+impl RedisPool {
+    /// A pool over `url`. Connects lazily, so a cold start succeeds while Redis
+    /// is down; every call is bounded by `timeout`.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, PoolError> {
+        let client = redis::Client::open(url)
+            .map_err(|_| PoolError::Internal("invalid Redis URL".into()))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(200));
+        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(Self {
+            conn,
+            timeout,
+            scripts: Arc::new(Scripts {
+                extract: Script::new(include_str!("../../lua/extract.lua")),
+                upsert: Script::new(include_str!("../../lua/upsert.lua")),
+            }),
+            started: Instant::now(),
+            last_used_ms: Arc::new(AtomicU64::new(0)),
+            suspect: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// Readiness: Redis answers and the extraction script is loaded.
+    pub async fn ping(&self) -> Result<(), PoolError> {
+        let mut conn = self.conn.clone();
+        self.bounded(async {
+            ping(&mut conn).await?;
+            self.scripts.extract.load_async(&mut conn).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Runs `lua/extract.lua` once: selection, checks, removal and the
+    /// idempotency record in one atomic call.
+    pub async fn extract(&self, q: &ExtractionQuery<'_>) -> Result<ExtractionOutcome, PoolError> {
+        let filters = ScriptFilters {
+            protocols: restricting(&q.filters.protocols),
+            regions: restricting(&q.filters.regions),
+            carriers: restricting(&q.filters.carriers),
+            upstreams: q.upstreams,
+        };
+        let mut inv = self.scripts.extract.prepare_invoke();
+        inv.key(keys::AVAIL).key(keys::BUCKETS).key(keys::PROXIES);
+        inv.arg(q.count)
+            .arg(q.fulfillment.as_str())
+            .arg(q.reserve)
+            .arg(q.min_remaining_ttl.as_millis() as u64)
+            .arg(q.max_health_check_age.as_millis() as u64)
+            .arg(serde_json::to_string(&filters).unwrap_or_default())
+            .arg(q.request_id);
+        if let Some(scope) = &q.idempotency {
+            inv.key(&scope.key)
+                .arg(&scope.digest)
+                .arg(scope.ttl.as_millis() as u64);
+        }
+        // Repeating the script after a dropped connection is only safe when
+        // the idempotency record can tell whether the first attempt committed.
+        let reply: Vec<String> = self.invoke(&inv, q.idempotency.is_some()).await?;
+        let committed = |json: &str| {
+            serde_json::from_str::<CommittedExtraction>(json)
+                .map_err(|e| PoolError::Internal(format!("unreadable committed result: {e}")))
+        };
+        match reply.as_slice() {
+            [tag, json] if tag == "ok" => Ok(ExtractionOutcome::Committed(committed(json)?)),
+            [tag, json] if tag == "replay" => Ok(ExtractionOutcome::Replayed(committed(json)?)),
+            [tag] if tag == "conflict" => Ok(ExtractionOutcome::KeyReused),
+            [tag, n] if tag == "insufficient" => Ok(ExtractionOutcome::Insufficient {
+                available: n.parse().unwrap_or(0),
+            }),
+            _ => Err(PoolError::Internal("unexpected extract reply".into())),
+        }
+    }
+
+    /// Adds or refreshes proxies through `lua/upsert.lua`, in batches; one
+    /// status per proxy, in order.
+    pub async fn upsert(&self, proxies: &[NewProxy]) -> Result<Vec<UpsertStatus>, PoolError> {
+        let mut statuses = Vec::with_capacity(proxies.len());
+        for batch in proxies.chunks(UPSERT_BATCH) {
+            let mut inv = self.scripts.upsert.prepare_invoke();
+            inv.key(keys::AVAIL)
+                .key(keys::BUCKETS)
+                .key(keys::PROXIES)
+                .key(keys::EXPIRY);
+            for p in batch {
+                inv.arg(p.to_script_arg());
+            }
+            let reply: Vec<String> = self.invoke(&inv, true).await?;
+            if reply.len() != batch.len() {
+                return Err(PoolError::Internal("unexpected upsert reply".into()));
+            }
+            for word in &reply {
+                statuses.push(
+                    UpsertStatus::parse(word)
+                        .ok_or_else(|| PoolError::Internal("unexpected upsert status".into()))?,
+                );
+            }
+        }
+        Ok(statuses)
+    }
+
+    /// A clone of the underlying connection, for callers that need raw commands.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        retry_on_drop: bool,
+    ) -> Result<T, PoolError> {
+        let mut conn = self.conn.clone();
+        self.bounded(async {
+            if self.needs_ping() {
+                ping(&mut conn).await?;
+            }
+            match inv.invoke_async(&mut conn).await {
+                Err(e) if retry_on_drop && e.is_connection_dropped() => {
+                    Ok(inv.invoke_async(&mut conn).await?)
+                }
+                other => Ok(other?),
+            }
+        })
+        .await
+    }
+
+    fn needs_ping(&self) -> bool {
+        if self.suspect.load(Ordering::Relaxed) {
+            return true;
+        }
+        let last = self.last_used_ms.load(Ordering::Relaxed);
+        let now = self.started.elapsed().as_millis() as u64;
+        now.saturating_sub(last) > IDLE_PING_AFTER.as_millis() as u64
+    }
+
+    /// Bounds `op` by the configured timeout (reconnect back-off included).
+    async fn bounded<T>(
+        &self,
+        op: impl Future<Output = Result<T, PoolError>>,
+    ) -> Result<T, PoolError> {
+        let result = tokio::time::timeout(self.timeout, op)
+            .await
+            .unwrap_or_else(|_| Err(PoolError::Unavailable("timed out".into())));
+        match &result {
+            Ok(_) => {
+                self.suspect.store(false, Ordering::Relaxed);
+                self.last_used_ms
+                    .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+            }
+            Err(PoolError::Unavailable(_)) => self.suspect.store(true, Ordering::Relaxed),
+            Err(PoolError::Internal(_)) => {}
+        }
+        result
+    }
+}
+
+/// PING, repeated once when the connection turns out dead: the first attempt
+/// makes the manager reconnect, the second waits for the new connection.
+async fn ping(conn: &mut ConnectionManager) -> Result<(), PoolError> {
+    let cmd = redis::cmd("PING");
+    match cmd.query_async::<String>(conn).await {
+        Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+            cmd.query_async::<String>(conn).await?;
+        }
+        other => {
+            other?;
+        }
+    }
+    Ok(())
+}

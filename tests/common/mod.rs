@@ -1,0 +1,298 @@
+//! Shared test harness: a real `redis-server` on a free loopback port, the
+//! real handler, and OpenAPI validation of every response.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jsonschema::Validator;
+use lambda_http::Body;
+use lambda_http::http::{HeaderMap, Request};
+use proxy_pool::config::Config;
+use proxy_pool::distribution::{App, EXTRACT_PATH, handle};
+use proxy_pool::local::RedisServer;
+use proxy_pool::pool::{NewProxy, RedisPool, UpsertStatus};
+use proxy_pool::security::{AnonymousResolver, PeerAddr};
+use serde_json::Value;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A healthy http/shanghai/telecom/provider-a proxy living 10 more minutes.
+pub fn proxy(id: &str) -> NewProxy {
+    let now = now_ms();
+    NewProxy {
+        id: id.into(),
+        protocol: "http".into(),
+        host: "192.0.2.10".into(),
+        port: 8080,
+        username: Some(format!("user-{id}")),
+        password: Some(format!("SECRET-{id}")),
+        region: "shanghai".into(),
+        carrier: "telecom".into(),
+        upstream: "provider-a".into(),
+        expires_at: now + 600_000,
+        usable_until: now + 600_000,
+        health_ok: true,
+        health_checked_at: now,
+    }
+}
+
+/// `n` proxies `prefix-0..n`, expiring one second apart (the first soonest).
+pub fn proxies(prefix: &str, n: usize) -> Vec<NewProxy> {
+    (0..n)
+        .map(|i| {
+            let mut p = proxy(&format!("{prefix}-{i:04}"));
+            p.expires_at += i as i64 * 1000;
+            p.usable_until = p.expires_at;
+            p
+        })
+        .collect()
+}
+
+/// One answer of the handler, already checked against the OpenAPI contract.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: String,
+    pub json: Value,
+}
+
+impl Reply {
+    /// The ids of the proxies in a 200 extraction body.
+    pub fn ids(&self) -> Vec<String> {
+        self.json["proxies"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|p| p["id"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The problem `code` of an error body.
+    pub fn code(&self) -> &str {
+        self.json["code"].as_str().unwrap_or("")
+    }
+}
+
+/// A real Redis, a pool over it, and the app, configured for one test.
+pub struct Harness {
+    pub redis: RedisServer,
+    pub pool: RedisPool,
+    pub app: Arc<App>,
+    pub config: Config,
+}
+
+impl Harness {
+    /// Default settings.
+    pub async fn start() -> Self {
+        Self::with_config(|_| {}).await
+    }
+
+    /// Settings adjusted by `adjust`.
+    pub async fn with_config(adjust: impl FnOnce(&mut Config)) -> Self {
+        let redis = RedisServer::start().await.expect(
+            "redis-server must be installed for the tests (apt-get install -y redis-server)",
+        );
+        let mut config = Config {
+            redis_url: Some(redis.url()),
+            ..Config::default()
+        };
+        adjust(&mut config);
+        let pool = RedisPool::new(&redis.url(), config.redis_timeout).unwrap();
+        let app = Arc::new(App::new(&config, pool.clone(), Arc::new(AnonymousResolver)));
+        Self {
+            redis,
+            pool,
+            app,
+            config,
+        }
+    }
+
+    /// Adds proxies through the upsert script.
+    pub async fn load(&self, proxies: &[NewProxy]) -> Vec<UpsertStatus> {
+        self.pool.upsert(proxies).await.unwrap()
+    }
+
+    /// `POST /api/v1/proxies/extract` with a JSON body and extra headers.
+    pub async fn extract(&self, body: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut req = Request::post(EXTRACT_PATH).header("content-type", "application/json");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        self.send(req.body(Body::from(body)).unwrap()).await
+    }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(Request::get(path).body(Body::Empty).unwrap())
+            .await
+    }
+
+    /// Sends a request from 127.0.0.1 unless it carries its own peer.
+    pub async fn send(&self, mut req: lambda_http::Request) -> Reply {
+        if req.extensions().get::<PeerAddr>().is_none() {
+            let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+            req.extensions_mut().insert(PeerAddr(peer));
+        }
+        let path = req.uri().path().to_owned();
+        let response = handle(&self.app, req).await;
+        reply(&path, response)
+    }
+
+    /// A raw Redis connection, for inspecting and damaging the pool.
+    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.redis.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// Every key with its contents and expiry, in a canonical order, to
+    /// prove that nothing changed (DUMP is not stable for hash tables).
+    pub async fn snapshot(&self) -> BTreeMap<String, String> {
+        let mut conn = self.redis().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut out = BTreeMap::new();
+        for k in keys {
+            let kind: String = redis::cmd("TYPE")
+                .arg(&k)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let contents = match kind.as_str() {
+                "hash" => {
+                    let m: BTreeMap<String, String> = redis::cmd("HGETALL")
+                        .arg(&k)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    format!("{m:?}")
+                }
+                "zset" => {
+                    let v: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                        .arg(&k)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    format!("{v:?}")
+                }
+                _ => {
+                    let dump: Vec<u8> = redis::cmd("DUMP")
+                        .arg(&k)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    format!("{dump:?}")
+                }
+            };
+            let at: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&k)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            out.insert(k, format!("{kind} expires {at}: {contents}"));
+        }
+        out
+    }
+}
+
+/// Turns a handler response into a [`Reply`], checking the contract:
+/// JSON bodies valid against `api/openapi/proxy-pool.yaml`, problems as
+/// `application/problem+json` carrying the `X-Request-ID` they answer.
+pub fn reply(path: &str, response: lambda_http::Response<Body>) -> Reply {
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = match response.body() {
+        Body::Text(s) => s.clone(),
+        Body::Binary(b) => String::from_utf8(b.clone()).unwrap(),
+        _ => String::new(),
+    };
+    let json: Value = serde_json::from_str(&body).expect("every response body is JSON");
+    let content_type = headers["content-type"].to_str().unwrap();
+    let request_id = headers["x-request-id"].to_str().unwrap();
+    let schema = if status >= 400 {
+        assert_eq!(content_type, "application/problem+json");
+        assert_eq!(json["requestId"], request_id);
+        assert_eq!(json["status"], status);
+        assert!(
+            json["type"]
+                .as_str()
+                .unwrap()
+                .starts_with("https://proxy-pool.local/problems/")
+        );
+        "Problem"
+    } else if path == EXTRACT_PATH {
+        assert_eq!(content_type, "application/json");
+        let proxies = json["proxies"].as_array().unwrap();
+        assert_eq!(json["returned"].as_u64().unwrap() as usize, proxies.len());
+        "ExtractResponse"
+    } else {
+        assert_eq!(content_type, "application/json");
+        "Health"
+    };
+    assert_valid(schema, &json);
+    Reply {
+        status,
+        headers,
+        body,
+        json,
+    }
+}
+
+/// Validates `instance` against `#/components/schemas/<name>` of the contract.
+pub fn assert_valid(name: &str, instance: &Value) {
+    static VALIDATORS: OnceLock<BTreeMap<String, Validator>> = OnceLock::new();
+    let validators = VALIDATORS.get_or_init(|| {
+        let yaml = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/api/openapi/proxy-pool.yaml"
+        ))
+        .unwrap();
+        let doc: Value = serde_yaml::from_str(&yaml).unwrap();
+        ["ExtractResponse", "Problem", "Health"]
+            .into_iter()
+            .map(|name| {
+                let mut schema = doc.clone();
+                schema["$ref"] = Value::String(format!("#/components/schemas/{name}"));
+                let validator = jsonschema::options()
+                    .with_draft(jsonschema::Draft::Draft202012)
+                    .should_validate_formats(true)
+                    .build(&schema)
+                    .unwrap();
+                (name.to_owned(), validator)
+            })
+            .collect()
+    });
+    let errors: Vec<String> = validators[name]
+        .iter_errors(instance)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{name} violates the contract: {errors:?}\n{instance}"
+    );
+}

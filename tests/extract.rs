@@ -1,0 +1,473 @@
+//! The extraction endpoint against a real Redis: eligibility, reserve,
+//! fulfillment, order, idempotency, concurrency and faults.
+
+mod common;
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::Duration;
+
+use common::{Harness, now_ms, proxies, proxy};
+use proxy_pool::pool::{UpsertStatus, keys};
+
+/// 64 concurrent extractions over 40 proxies: no proxy twice, never more
+/// than were eligible, and the pool ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_extractions_never_share_a_proxy() {
+    let h = Harness::start().await;
+    h.load(&proxies("px", 40)).await;
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let app = h.app.clone();
+        let count = 1 + i % 3;
+        tasks.push(tokio::spawn(async move {
+            let req = lambda_http::http::Request::post(proxy_pool::distribution::EXTRACT_PATH)
+                .header("content-type", "application/json")
+                .body(lambda_http::Body::from(format!(r#"{{"count":{count}}}"#)))
+                .unwrap();
+            let mut req = req;
+            req.extensions_mut().insert(proxy_pool::security::PeerAddr(
+                format!("127.0.0.{}:1000", i + 1).parse().unwrap(),
+            ));
+            common::reply(
+                proxy_pool::distribution::EXTRACT_PATH,
+                proxy_pool::distribution::handle(&app, req).await,
+            )
+        }));
+    }
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        for id in r.ids() {
+            total += 1;
+            assert!(seen.insert(id.clone()), "{id} handed out twice");
+        }
+    }
+    assert!(total <= 40);
+    // 64 requests asking for 1..3 each ask for 127 > 40: everything went out.
+    assert_eq!(total, 40);
+    let r = h.extract(r#"{"count":5}"#, &[]).await;
+    assert_eq!(r.ids().len(), 0);
+}
+
+/// Expired, below minRemainingTTL, past the safety margin, unhealthy,
+/// stale-health, Worker-owned and filtered-out proxies are never returned.
+#[tokio::test]
+async fn ineligible_proxies_are_never_returned() {
+    let h = Harness::start().await;
+    let now = now_ms();
+    let mut batch = proxies("ok", 3);
+    let mut short = proxy("short-ttl");
+    short.expires_at = now + 10_000; // below the 30 s minimum remaining TTL
+    short.usable_until = short.expires_at;
+    let mut unhealthy = proxy("unhealthy");
+    unhealthy.health_ok = false;
+    let mut stale = proxy("stale-health");
+    stale.health_checked_at = now - 121_000;
+    let mut socks = proxy("socks");
+    socks.protocol = "socks5".into();
+    let mut beijing = proxy("beijing");
+    beijing.region = "beijing".into();
+    let mut unicom = proxy("unicom");
+    unicom.carrier = "unicom".into();
+    let mut other = proxy("provider-b");
+    other.upstream = "provider-b".into();
+    batch.extend([short, unhealthy, stale, socks, beijing, unicom, other]);
+    assert!(
+        h.load(&batch)
+            .await
+            .iter()
+            .all(|s| *s == UpsertStatus::Added)
+    );
+
+    // States the upsert script refuses to create are planted directly, as a
+    // damaged or racing pool could hold them: the script re-checks records.
+    let mut conn = h.redis().await;
+    let plant = |id: &str, record: serde_json::Value| {
+        let expires = record["expiresAt"].as_i64().unwrap();
+        let member = format!("http|shanghai|telecom|provider-a|{expires:013}|{id}");
+        (id.to_owned(), record.to_string(), member)
+    };
+    let base = |id: &str, expires: i64| {
+        serde_json::json!({"id": id, "protocol": "http", "host": "192.0.2.99", "port": 1,
+            "region": "shanghai", "carrier": "telecom", "upstream": "provider-a",
+            "expiresAt": expires, "usableUntil": expires, "healthOk": true,
+            "healthCheckedAt": now, "status": "AVAILABLE", "epoch": 0, "active": 0, "reserved": 0})
+    };
+    let mut expired = base("expired", now - 1_000);
+    expired["usableUntil"] = (now - 1_000).into();
+    let mut margin = base("past-margin", now + 600_000);
+    margin["usableUntil"] = (now - 1).into();
+    let mut owned = base("owned", now + 600_000);
+    owned["owner"] = "worker-1".into();
+    owned["status"] = "CLAIMED".into();
+    let mut draining = base("draining", now + 600_000);
+    draining["owner"] = "worker-2".into();
+    draining["status"] = "DRAINED".into();
+    draining["active"] = 1.into();
+    for (id, record, member) in [
+        plant("expired", expired),
+        plant("past-margin", margin),
+        plant("owned", owned),
+        plant("draining", draining),
+    ] {
+        let _: () = redis::pipe()
+            .hset(keys::PROXIES, &id, record)
+            .zadd(keys::AVAIL, member, 0)
+            .hincr(keys::BUCKETS, "http|shanghai|telecom|provider-a", 1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    let r = h
+        .extract(
+            r#"{"count":100,"filters":{"protocols":["http"],"regions":["shanghai"],"carriers":["telecom"],"allowedUpstreams":["provider-a"]}}"#,
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.ids(), ["ok-0000", "ok-0001", "ok-0002"]);
+    // Entries that can never become eligible again left the index.
+    let index: Vec<String> = redis::cmd("ZRANGE")
+        .arg(keys::AVAIL)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        !index
+            .iter()
+            .any(|m| m.ends_with("|past-margin") || m.ends_with("|owned"))
+    );
+    assert!(index.iter().any(|m| m.ends_with("|stale-health")));
+    // Without filters the filtered-out ones are eligible and the rest still are not.
+    let r = h.extract(r#"{"count":100}"#, &[]).await;
+    let got: BTreeSet<String> = r.ids().into_iter().collect();
+    let want: BTreeSet<String> = ["socks", "beijing", "unicom", "provider-b"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(got, want);
+}
+
+/// Filters combine as OR within a dimension and AND across dimensions.
+#[tokio::test]
+async fn filters_or_within_and_across() {
+    let h = Harness::start().await;
+    let mut batch = Vec::new();
+    for (i, (protocol, region)) in [
+        ("http", "shanghai"),
+        ("https", "shanghai"),
+        ("socks5", "shanghai"),
+        ("http", "beijing"),
+        ("https", "guangzhou"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut p = proxy(&format!("p{i}"));
+        p.protocol = protocol.into();
+        p.region = region.into();
+        batch.push(p);
+    }
+    h.load(&batch).await;
+    let r = h
+        .extract(
+            r#"{"count":10,"filters":{"protocols":["http","https"],"regions":["shanghai","beijing"]}}"#,
+            &[],
+        )
+        .await;
+    let got: BTreeSet<String> = r.ids().into_iter().collect();
+    assert_eq!(
+        got,
+        ["p0", "p1", "p3"].into_iter().map(String::from).collect()
+    );
+}
+
+/// The seed's examples: partial returns what there is; allOrNothing is all
+/// or 409, and the reserve is left for the Gateway in both modes.
+#[tokio::test]
+async fn reserve_and_fulfillment_arithmetic() {
+    // requested=10, eligible=6, reserve=0 -> returned=6
+    let h = Harness::start().await;
+    h.load(&proxies("a", 6)).await;
+    let r = h
+        .extract(r#"{"count":10,"fulfillment":"partial"}"#, &[])
+        .await;
+    assert_eq!((r.status, r.json["returned"].as_u64()), (200, Some(6)));
+    assert_eq!(r.json["requested"], 10);
+
+    let h = Harness::with_config(|c| c.reserve_for_gateway = 2).await;
+    h.load(&proxies("b", 6)).await;
+    let before = h.snapshot().await;
+    let r = h
+        .extract(r#"{"count":5,"fulfillment":"allOrNothing"}"#, &[])
+        .await;
+    assert_eq!(r.status, 409);
+    assert_eq!(r.code(), "INSUFFICIENT_PROXIES");
+    assert_eq!(
+        r.json["detail"],
+        "requested 5 proxies but only 4 are currently eligible"
+    );
+    assert_eq!(
+        h.snapshot().await,
+        before,
+        "a 409 must leave the pool untouched"
+    );
+
+    let r = h
+        .extract(r#"{"count":4,"fulfillment":"allOrNothing"}"#, &[])
+        .await;
+    assert_eq!(r.ids(), ["b-0000", "b-0001", "b-0002", "b-0003"]);
+    // Two left, both reserved: partial answers 200 with none.
+    let r = h.extract(r#"{"count":1}"#, &[]).await;
+    assert_eq!((r.status, r.ids().len()), (200, 0));
+    let r = h
+        .extract(r#"{"count":1,"fulfillment":"allOrNothing"}"#, &[])
+        .await;
+    assert_eq!(
+        r.json["detail"],
+        "requested 1 proxies but only 0 are currently eligible"
+    );
+}
+
+/// The reserve is counted within the request's filters, not the whole pool.
+#[tokio::test]
+async fn reserve_is_per_filter() {
+    let h = Harness::with_config(|c| c.reserve_for_gateway = 1).await;
+    let mut batch = proxies("h", 3);
+    for i in 0..5 {
+        let mut p = proxy(&format!("s{i}"));
+        p.protocol = "socks5".into();
+        batch.push(p);
+    }
+    h.load(&batch).await;
+    let r = h
+        .extract(r#"{"count":10,"filters":{"protocols":["http"]}}"#, &[])
+        .await;
+    assert_eq!(r.ids().len(), 2);
+}
+
+/// First-expired, first-out: the soonest-expiring eligible proxies go first,
+/// across buckets.
+#[tokio::test]
+async fn soonest_expiring_first() {
+    let h = Harness::start().await;
+    let mut batch = proxies("x", 6);
+    for (i, p) in batch.iter_mut().enumerate() {
+        p.protocol = ["http", "https", "socks5"][i % 3].into();
+        p.upstream = ["provider-a", "provider-b"][i % 2].into();
+    }
+    batch.reverse();
+    h.load(&batch).await;
+    let r = h.extract(r#"{"count":4}"#, &[]).await;
+    assert_eq!(r.ids(), ["x-0000", "x-0001", "x-0002", "x-0003"]);
+    let exp: Vec<&str> = r.json["proxies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["expiresAt"].as_str().unwrap())
+        .collect();
+    assert!(exp.windows(2).all(|w| w[0] <= w[1]));
+}
+
+/// Same key and body: the first body again, byte for byte, marked replayed,
+/// nothing extracted. Same key, other body: 409. Keys are per client.
+#[tokio::test]
+async fn idempotent_replay_and_key_reuse() {
+    let h = Harness::start().await;
+    h.load(&proxies("i", 5)).await;
+    let key = [("idempotency-key", "extract-0001")];
+    let first = h
+        .extract(r#"{"count":2,"filters":{"regions":["shanghai"]}}"#, &key)
+        .await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("idempotent-replayed"), None);
+    let before = h.snapshot().await;
+
+    // The same canonical request: field order and explicit default differ.
+    let again = h
+        .extract(
+            r#"{"filters":{"regions":["shanghai"],"carriers":[]},"fulfillment":"partial","count":2}"#,
+            &[("idempotency-key", "extract-0001"), ("x-request-id", "req_retry")],
+        )
+        .await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.header("x-request-id"), Some("req_retry"));
+    assert_eq!(h.snapshot().await, before, "a replay extracts nothing");
+
+    let other = h.extract(r#"{"count":3}"#, &key).await;
+    assert_eq!(
+        (other.status, other.code()),
+        (409, "IDEMPOTENCY_KEY_REUSED")
+    );
+    assert_eq!(h.snapshot().await, before);
+
+    // Another client (another source address) has its own key space.
+    let mut req = lambda_http::http::Request::post(proxy_pool::distribution::EXTRACT_PATH)
+        .header("content-type", "application/json")
+        .header("idempotency-key", "extract-0001")
+        .body(lambda_http::Body::from(r#"{"count":3}"#))
+        .unwrap();
+    req.extensions_mut().insert(proxy_pool::security::PeerAddr(
+        "127.0.0.2:1".parse().unwrap(),
+    ));
+    let theirs = h.send(req).await;
+    assert_eq!(theirs.ids(), ["i-0002", "i-0003", "i-0004"]);
+
+    for bad in ["short", "has space in it", &"k".repeat(129)] {
+        let r = h
+            .extract(r#"{"count":1}"#, &[("idempotency-key", bad)])
+            .await;
+        assert_eq!(r.status, 400, "{bad:?}");
+    }
+}
+
+/// The idempotency record expires with its window; after it the key is new.
+#[tokio::test]
+async fn idempotency_record_lives_for_its_window() {
+    let h = Harness::with_config(|c| c.idempotency_ttl = Duration::from_secs(120)).await;
+    h.load(&proxies("w", 2)).await;
+    h.extract(r#"{"count":1}"#, &[("idempotency-key", "window-0001")])
+        .await;
+    let mut conn = h.redis().await;
+    let key = keys::idempotency("ip:127.0.0.1", "window-0001");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!((110_000..=120_000).contains(&ttl), "{ttl}");
+}
+
+/// Redis down: extract and ready answer 503 problems; when it is back,
+/// service resumes by itself.
+#[tokio::test]
+async fn redis_outage_is_503_and_recovers() {
+    let mut h = Harness::with_config(|c| c.redis_timeout = Duration::from_millis(500)).await;
+    h.load(&proxies("o", 3)).await;
+    assert_eq!(h.get("/health/ready").await.status, 200);
+    h.redis.stop().await;
+    let r = h.extract(r#"{"count":1}"#, &[]).await;
+    assert_eq!((r.status, r.code()), (503, "SERVICE_UNAVAILABLE"));
+    let r = h.get("/health/ready").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(h.get("/health/live").await.status, 200);
+
+    h.redis.restart().await.unwrap();
+    assert_eq!(h.get("/health/ready").await.status, 200);
+    h.load(&proxies("o", 3)).await;
+    let r = h.extract(r#"{"count":1}"#, &[]).await;
+    assert_eq!((r.status, r.ids().len()), (200, 1));
+}
+
+/// A script that fails (here: a damaged idempotency record) answers a
+/// cause-free 500 and leaves the pool exactly as it was.
+#[tokio::test]
+async fn script_error_leaves_the_pool_untouched() {
+    let h = Harness::start().await;
+    h.load(&proxies("e", 4)).await;
+    let mut conn = h.redis().await;
+    let key = keys::idempotency("ip:127.0.0.1", "broken-0001");
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("x")
+        .arg("y")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let before = h.snapshot().await;
+    let r = h
+        .extract(r#"{"count":2}"#, &[("idempotency-key", "broken-0001")])
+        .await;
+    assert_eq!((r.status, r.code()), (500, "INTERNAL_ERROR"));
+    assert!(!r.body.contains("WRONGTYPE"));
+    assert_eq!(h.snapshot().await, before);
+}
+
+/// At maxmemory the script is refused before it runs: 503, nothing changed.
+#[tokio::test]
+async fn out_of_memory_is_503_and_changes_nothing() {
+    let h = Harness::start().await;
+    h.load(&proxies("m", 4)).await;
+    let mut conn = h.redis().await;
+    let before = h.snapshot().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let r = h.extract(r#"{"count":2}"#, &[]).await;
+    assert_eq!(r.status, 503);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(h.snapshot().await, before);
+    assert_eq!(h.extract(r#"{"count":2}"#, &[]).await.ids().len(), 2);
+}
+
+/// After SCRIPT FLUSH (restart, failover) the script is reloaded transparently.
+#[tokio::test]
+async fn script_flush_is_survived() {
+    let h = Harness::start().await;
+    h.load(&proxies("f", 2)).await;
+    assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids().len(), 1);
+    let mut conn = h.redis().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids(), ["f-0001"]);
+}
+
+/// A refresh never resurrects an extracted proxy; other proxies refresh.
+#[tokio::test]
+async fn refresh_never_resurrects_an_extracted_proxy() {
+    let h = Harness::start().await;
+    h.load(&proxies("r", 2)).await;
+    assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids(), ["r-0000"]);
+    let statuses = h.load(&proxies("r", 2)).await;
+    assert_eq!(statuses, [UpsertStatus::Extracted, UpsertStatus::Refreshed]);
+    assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids(), ["r-0001"]);
+}
+
+/// Every pool key carries a TTL no later than the latest proxy expiry.
+#[tokio::test]
+async fn pool_keys_expire_with_their_proxies() {
+    let h = Harness::start().await;
+    let batch = proxies("t", 3);
+    let latest = batch.iter().map(|p| p.expires_at).max().unwrap();
+    h.load(&batch).await;
+    h.extract(r#"{"count":1}"#, &[("idempotency-key", "ttl-check-1")])
+        .await;
+    let mut conn = h.redis().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.len() >= 4);
+    for k in keys {
+        let at: i64 = redis::cmd("PEXPIRETIME")
+            .arg(&k)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            at > 0 && at <= latest.max(now_ms() + 600_000),
+            "{k} expires at {at}"
+        );
+    }
+}
