@@ -24,7 +24,9 @@
 --
 -- Every read and check happens before the first write, so an error can never
 -- leave a partial removal. The cost is O(log N) per bucket visited plus the
--- entries examined, which is bounded by SCAN_BUDGET, never the pool's size.
+-- entries examined, which is bounded by SCAN_BUDGET, never the pool's size;
+-- when the budget runs out the eligible count found so far is used, which can
+-- only under-count (the Gateway's reserve is never touched).
 
 local avail, buckets, proxies, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local count = tonumber(ARGV[1])
@@ -88,7 +90,7 @@ local examined = 0
 local min_expiry = string.format('%013d', now + min_ttl)
 local health_cutoff = now - max_health_age
 
-local eligible = {}   -- {member=, bucket=, id=, record=}, in expiry order
+local eligible = {}   -- {member=, bucket=, id=, expiry=, record=}, in expiry order
 local prune = {}      -- {member=, bucket=}: index entries that can never be eligible
 
 local function well_formed(rec)
@@ -109,96 +111,87 @@ local function allocatable(rec)
   return false
 end
 
--- A cursor walks one bucket's slice of the index in pages.
+-- What one index entry is worth, judged against its record.
+local function judge(cur, member, raw)
+  local expiry = tonumber(string.sub(member, #cur.prefix + 1, #cur.prefix + 13))
+  local ok, rec = false, nil
+  if raw then ok, rec = pcall(cjson.decode, raw) end
+  if not (ok and well_formed(rec) and rec.expiresAt == expiry and allocatable(rec)
+          and bucket_of(rec) == cur.bucket) then
+    return 'prune', expiry                     -- dangling, malformed or stale index entry
+  end
+  if rec.usableUntil <= now then return 'prune', expiry end   -- past its safety margin for good
+  if rec.healthCheckedAt < health_cutoff then return 'skip', expiry end -- a fresh check revives it
+  return 'eligible', expiry
+end
+
+-- A cursor walks one bucket's slice of the index in pages of members; the
+-- records of a page are fetched when its first member is examined, and a
+-- record is decoded only when its entry is examined, in global expiry order.
 local function fill(cur)
-  local max = '[' .. cur.prefix .. '\255'
-  local page = redis.call('ZRANGEBYLEX', avail, cur.from, max, 'LIMIT', 0, cur.page)
+  local page = redis.call('ZRANGEBYLEX', avail, cur.from, '[' .. cur.prefix .. '\255', 'LIMIT', 0, cur.page)
   cur.page = math.min(cur.page * 2, 512)
-  cur.items, cur.pos = {}, 1
-  if #page == 0 then cur.done = true return end
+  cur.members, cur.records, cur.pos = page, nil, 1
+  if #page == 0 then return false end
   cur.from = '(' .. page[#page]
-  local ids = {}
-  for i, member in ipairs(page) do ids[i] = string.sub(member, #cur.prefix + 15) end
-  local raw = redis.call('HMGET', proxies, unpack(ids))
-  for i, member in ipairs(page) do
-    local expiry = tonumber(string.sub(member, #cur.prefix + 1, #cur.prefix + 13))
-    local ok, rec = false, nil
-    if raw[i] then ok, rec = pcall(cjson.decode, raw[i]) end
-    local verdict = 'prune'                    -- dangling, malformed or stale index entry
-    if ok and well_formed(rec) and rec.expiresAt == expiry and allocatable(rec)
-        and bucket_of(rec) == cur.bucket then
-      if rec.usableUntil <= now then
-        verdict = 'prune'                      -- safety margin reached: never eligible again
-      elseif rec.healthCheckedAt < health_cutoff then
-        verdict = 'skip'                       -- stale health: a fresh check makes it eligible
-      else
-        verdict = 'eligible'
-      end
-    end
-    if verdict == 'eligible' then
-      cur.items[#cur.items + 1] = {member = member, bucket = cur.bucket, id = ids[i], expiry = expiry, record = raw[i]}
-    elseif verdict == 'prune' then
-      prune[#prune + 1] = {member = member, bucket = cur.bucket}
-    end
-  end
-  examined = examined + #page
+  return true
 end
 
-local function head(cur)
-  while not cur.done and cur.pos > #cur.items do
-    if examined >= SCAN_BUDGET then cur.done = true return nil end
-    fill(cur)
-  end
-  if cur.done and cur.pos > #cur.items then return nil end
-  return cur.items[cur.pos]
+local function key_of(cur)
+  return string.sub(cur.members[cur.pos], #cur.prefix + 1)   -- "<expiry>|<id>": sorts by expiry, then id
 end
 
-local first_page = math.max(8, math.min(need, math.ceil(need / math.max(#matching, 1)) + 1))
-local cursors = {}
-for _, bucket in ipairs(matching) do
-  local prefix = bucket .. '|'
-  cursors[#cursors + 1] = {bucket = bucket, prefix = prefix, from = '[' .. prefix .. min_expiry,
-                           page = first_page, items = {}, pos = 1, done = false}
-end
-
-local function earlier(a, b)
-  if a.expiry ~= b.expiry then return a.expiry < b.expiry end
-  return a.id < b.id
-end
-
--- Binary min-heap of cursors keyed by their head entry.
-local heap = {}
+local first_page = math.min(need, math.ceil(need / math.max(#matching, 1))) + 1
+local heap = {}   -- binary min-heap of cursors, keyed by their current entry
 local function sift_up(i)
   while i > 1 do
     local p = math.floor(i / 2)
-    if earlier(heap[i].top, heap[p].top) then heap[i], heap[p] = heap[p], heap[i]; i = p else break end
+    if heap[i].key < heap[p].key then heap[i], heap[p] = heap[p], heap[i]; i = p else break end
   end
 end
 local function sift_down(i)
   local n = #heap
   while true do
     local l, r, m = 2 * i, 2 * i + 1, i
-    if l <= n and earlier(heap[l].top, heap[m].top) then m = l end
-    if r <= n and earlier(heap[r].top, heap[m].top) then m = r end
+    if l <= n and heap[l].key < heap[m].key then m = l end
+    if r <= n and heap[r].key < heap[m].key then m = r end
     if m == i then return end
     heap[i], heap[m] = heap[m], heap[i]; i = m
   end
 end
-for _, cur in ipairs(cursors) do
-  cur.top = head(cur)
-  if cur.top then heap[#heap + 1] = cur; sift_up(#heap) end
-end
-while #heap > 0 and #eligible < need do
-  local cur = heap[1]
-  eligible[#eligible + 1] = cur.top
-  cur.pos = cur.pos + 1
-  cur.top = head(cur)
-  if cur.top then
-    sift_down(1)
-  else
-    heap[1] = heap[#heap]; heap[#heap] = nil
-    if #heap > 0 then sift_down(1) end
+for _, bucket in ipairs(matching) do
+  local prefix = bucket .. '|'
+  local cur = {bucket = bucket, prefix = prefix, from = '[' .. prefix .. min_expiry, page = first_page}
+  if fill(cur) then
+    cur.key = key_of(cur)
+    heap[#heap + 1] = cur
+    sift_up(#heap)
   end
+end
+
+while #heap > 0 and #eligible < need and examined < SCAN_BUDGET do
+  local cur = heap[1]
+  if not cur.records then
+    local ids = {}
+    for i, member in ipairs(cur.members) do ids[i] = string.sub(member, #cur.prefix + 15) end
+    cur.records = redis.call('HMGET', proxies, unpack(ids))
+  end
+  local member, raw = cur.members[cur.pos], cur.records[cur.pos]
+  local verdict, expiry = judge(cur, member, raw)
+  examined = examined + 1
+  if verdict == 'eligible' then
+    eligible[#eligible + 1] = {member = member, bucket = cur.bucket, id = string.sub(member, #cur.prefix + 15),
+                               expiry = expiry, record = raw}
+  elseif verdict == 'prune' then
+    prune[#prune + 1] = {member = member, bucket = cur.bucket}
+  end
+  cur.pos = cur.pos + 1
+  if cur.pos > #cur.members and not fill(cur) then
+    heap[1] = heap[#heap]; heap[#heap] = nil
+  else
+    cur.key = key_of(cur)
+  end
+  if #heap > 0 then sift_down(1) end
 end
 
 -- 4. Reserve and fulfillment.

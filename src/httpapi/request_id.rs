@@ -30,7 +30,7 @@ impl RequestId {
         let bytes = value.as_bytes();
         let valid = !bytes.is_empty()
             && bytes.len() <= MAX_LEN
-            && bytes.iter().all(|b| (0x21..=0x7e).contains(b));
+            && bytes.iter().all(|b| (0x20..=0x7e).contains(b));
         match (valid, value.to_str()) {
             (true, Ok(id)) => Ok(Self(id.to_owned())),
             _ => Err(Self::generate()),
@@ -72,19 +72,19 @@ mod tests {
         assert_eq!(generated.as_str().len(), 30);
     }
 
-    /// Too long, empty, control or non-ASCII ids are refused.
+    /// Too long, empty, control or non-ASCII ids are refused; spaces are fine.
     #[test]
     fn refuses_bad_ids() {
         for bad in [
             vec![b'a'; 129],
             b"".to_vec(),
             b"a\tb".to_vec(),
-            b"a b".to_vec(),
             "é".as_bytes().to_vec(),
         ] {
             let err = RequestId::from_headers(&headers(&bad)).unwrap_err();
             assert!(err.as_str().starts_with("req_"));
         }
         assert!(RequestId::from_headers(&headers(&[b'a'; 128])).is_ok());
+        assert!(RequestId::from_headers(&headers(b"req 1")).is_ok());
     }
 }

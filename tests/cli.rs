@@ -1,0 +1,182 @@
+//! The `proxy-pool` binary as an operator runs it: `load` from JSON Lines and
+//! `serve` with its embedded default (private Redis, demo pool).
+
+mod common;
+
+use std::process::Stdio;
+
+use common::{Harness, http, now_ms};
+use proxy_pool::extraction::rfc3339;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_proxy-pool");
+
+fn line(id: &str, expires_in_ms: i64) -> String {
+    format!(
+        r#"{{"id":"{id}","protocol":"http","host":"192.0.2.7","port":3128,"username":"u","password":"LOADPW-{id}","region":"shanghai","carrier":"telecom","upstream":"provider-a","expiresAt":"{}","safetyMarginSeconds":5}}"#,
+        rfc3339(now_ms() + expires_in_ms)
+    )
+}
+
+async fn load(url: &str, contents: &str) -> (bool, String, String) {
+    let path = std::env::temp_dir().join(format!("proxy-pool-load-{}.jsonl", ulid_like()));
+    std::fs::write(&path, contents).unwrap();
+    let out = Command::new(BIN)
+        .args(["load", "--redis-url", url])
+        .arg(&path)
+        .output()
+        .await
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// A name no other test in this process (or another) uses at the same time.
+fn ulid_like() -> String {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{n}", std::process::id())
+}
+
+/// Good lines load, bad ones are named by line number without their
+/// contents, and a second run refreshes instead of adding.
+#[tokio::test]
+async fn load_reports_each_line() {
+    let h = Harness::start().await;
+    let contents = [
+        line("px_a", 600_000),
+        r#"{"id":"px_bad","protocol":"ftp","password":"LOADPW-bad"}"#.to_owned(),
+        line("px_b", 600_000),
+        "not json LOADPW-x".to_owned(),
+        line("px_old", 1_000), // inside its 5 s safety margin already
+    ]
+    .join("\n");
+    let (ok, stdout, stderr) = load(&h.redis.url(), &contents).await;
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.trim(), "loaded 2, refreshed 0, rejected 3");
+    assert!(stderr.contains("line 2: skipped"), "{stderr}");
+    assert!(stderr.contains("line 4: skipped"), "{stderr}");
+    assert!(
+        stderr.contains("line 5: skipped: already expired"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("LOADPW") && !stderr.contains("192.0.2"),
+        "{stderr}"
+    );
+
+    assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids(), ["px_a"]);
+    let (ok, stdout, stderr) = load(&h.redis.url(), &contents).await;
+    assert!(ok);
+    assert_eq!(stdout.trim(), "loaded 0, refreshed 1, rejected 4");
+    assert!(
+        stderr.contains("line 1: skipped: already extracted"),
+        "{stderr}"
+    );
+}
+
+/// `load` from standard input, and a clear failure when Redis is absent.
+#[tokio::test]
+async fn load_from_stdin_and_unreachable_redis() {
+    let h = Harness::start().await;
+    let mut child = Command::new(BIN)
+        .args(["load", "--redis-url", &h.redis.url(), "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(line("px_in", 600_000).as_bytes())
+            .await
+            .unwrap();
+    }
+    let out = child.wait_with_output().await.unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        "loaded 1, refreshed 0, rejected 0"
+    );
+
+    let mut dead = Harness::start().await;
+    let url = dead.redis.url();
+    dead.redis.stop().await;
+    let (ok, _, stderr) = load(&url, &line("px_x", 600_000)).await;
+    assert!(!ok);
+    assert!(
+        stderr.starts_with("proxy-pool: redis unavailable"),
+        "{stderr}"
+    );
+}
+
+/// `serve` with no Redis URL starts its own, loads the demo pool, prints a
+/// working curl line, answers extractions and stops cleanly on SIGTERM.
+#[tokio::test]
+async fn serve_runs_with_its_embedded_default() {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--demo-size", "50"])
+        .env_remove("PROXY_POOL_REDIS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = stdout.next_line().await.unwrap().unwrap();
+    let addr = first
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let curl = stdout.next_line().await.unwrap().unwrap();
+    assert!(curl.starts_with("try: curl"), "{curl}");
+
+    let body = r#"{"count":2,"filters":{"protocols":["http"]}}"#;
+    let headers = [
+        ("content-type", "application/json"),
+        ("idempotency-key", "cli-test-01"),
+    ];
+    let (status, h1, first) = http(addr, "POST", "/api/v1/proxies/extract", &headers, body).await;
+    assert_eq!(status, 200, "{first}");
+    let json: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(json["returned"], 2);
+    common::assert_valid("ExtractResponse", &json);
+    assert!(h1.contains_key("x-request-id"));
+    let (_, h2, again) = http(addr, "POST", "/api/v1/proxies/extract", &headers, body).await;
+    assert_eq!(again, first);
+    assert_eq!(
+        h2.get("idempotent-replayed").map(String::as_str),
+        Some("true")
+    );
+
+    // Bodies past the limit are refused without being read whole.
+    let big = format!(r#"{{"count":1,"x":"{}"}}"#, "y".repeat(40_000));
+    let (status, _, _) = http(addr, "POST", "/api/v1/proxies/extract", &headers[..1], &big).await;
+    assert_eq!(status, 413);
+    let (status, _, _) = http(addr, "GET", "/health/ready", &[], "").await;
+    assert_eq!(status, 200);
+
+    let pid = child.id().unwrap().to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "serve exited with {status}");
+    let rest = stdout.next_line().await.unwrap();
+    assert_eq!(rest.as_deref(), Some("stop with Ctrl-C"));
+    assert_eq!(
+        stdout.next_line().await.unwrap().as_deref(),
+        Some("proxy-pool serve: stopped")
+    );
+}
