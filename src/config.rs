@@ -2,13 +2,16 @@
 
 use std::time::Duration;
 
+use ipnet::IpNet;
+
 use crate::extraction::Fulfillment;
+use crate::security::{AuthSchemes, Rate, SourcePolicy, registry::parse_net};
 
 /// Hard upper bound for `PROXY_POOL_MAX_COUNT_PER_REQUEST` (the OpenAPI maximum).
 pub const MAX_COUNT_HARD_CAP: u32 = 1000;
 
 /// Every setting of the Distribution function.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// `PROXY_POOL_REDIS_URL`: where the pool lives (`redis://` or `rediss://`).
     pub redis_url: Option<String>,
@@ -28,6 +31,22 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// `PROXY_POOL_REDIS_TIMEOUT_MS`: bound on connecting to and waiting for Redis.
     pub redis_timeout: Duration,
+    /// `PROXY_POOL_REDIS_SECRET_ID`: Secrets Manager secret holding the Redis
+    /// URL or password (`{"url": ..}`, `{"password": .., "username": ..}` or a bare string).
+    pub redis_secret_id: Option<String>,
+    /// `PROXY_POOL_AUTH_SCHEMES`: enabled schemes, e.g. `apiKey,bearer` (default `apiKey`).
+    pub auth_schemes: AuthSchemes,
+    /// `PROXY_POOL_CLIENTS_SECRET_ID`: Secrets Manager secret holding the client registry.
+    pub clients_secret_id: Option<String>,
+    /// `PROXY_POOL_CLIENTS_REFRESH_SECONDS`: how often the registry is reloaded.
+    pub clients_refresh: Duration,
+    /// `PROXY_POOL_TRUSTED_PROXIES`, `PROXY_POOL_ALLOWED_SOURCES`,
+    /// `PROXY_POOL_DENIED_SOURCES`: comma-separated CIDRs.
+    pub sources: SourcePolicy,
+    /// `PROXY_POOL_GLOBAL_RATE`: `RATE[:BURST]` for all callers together (default `off`).
+    pub global_rate: Option<Rate>,
+    /// `PROXY_POOL_CLIENT_RATE`: `RATE[:BURST]` per client unless the registry says otherwise.
+    pub client_rate: Option<Rate>,
 }
 
 impl Default for Config {
@@ -42,6 +61,19 @@ impl Default for Config {
             idempotency_ttl: Duration::from_secs(600),
             max_body_bytes: 16 * 1024,
             redis_timeout: Duration::from_millis(2000),
+            redis_secret_id: None,
+            auth_schemes: AuthSchemes {
+                api_key: true,
+                ..AuthSchemes::default()
+            },
+            clients_secret_id: None,
+            clients_refresh: Duration::from_secs(300),
+            sources: SourcePolicy::default(),
+            global_rate: None,
+            client_rate: Some(Rate {
+                per_second: 20.0,
+                burst: 40,
+            }),
         }
     }
 }
@@ -125,7 +157,60 @@ impl Config {
                 10..=60_000,
             )
             .map(Duration::from_millis)?,
+            redis_secret_id: get("PROXY_POOL_REDIS_SECRET_ID"),
+            auth_schemes: match get("PROXY_POOL_AUTH_SCHEMES") {
+                None => d.auth_schemes,
+                Some(v) => AuthSchemes::parse(&v).map_err(|reason| ConfigError {
+                    variable: "PROXY_POOL_AUTH_SCHEMES",
+                    reason,
+                })?,
+            },
+            clients_secret_id: get("PROXY_POOL_CLIENTS_SECRET_ID"),
+            clients_refresh: secs(
+                "PROXY_POOL_CLIENTS_REFRESH_SECONDS",
+                d.clients_refresh,
+                10..=86_400,
+            )?,
+            sources: SourcePolicy {
+                trusted_proxies: nets(&get, "PROXY_POOL_TRUSTED_PROXIES")?,
+                allowed: nets(&get, "PROXY_POOL_ALLOWED_SOURCES")?,
+                denied: nets(&get, "PROXY_POOL_DENIED_SOURCES")?,
+            },
+            global_rate: rate(&get, "PROXY_POOL_GLOBAL_RATE", d.global_rate)?,
+            client_rate: rate(&get, "PROXY_POOL_CLIENT_RATE", d.client_rate)?,
         })
+    }
+}
+
+fn nets(
+    get: &impl Fn(&str) -> Option<String>,
+    variable: &'static str,
+) -> Result<Vec<IpNet>, ConfigError> {
+    let Some(raw) = get(variable) else {
+        return Ok(Vec::new());
+    };
+    raw.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            parse_net(s).ok_or_else(|| ConfigError {
+                variable,
+                reason: "must be a comma-separated list of CIDRs or addresses".into(),
+            })
+        })
+        .collect()
+}
+
+fn rate(
+    get: &impl Fn(&str) -> Option<String>,
+    variable: &'static str,
+    default: Option<Rate>,
+) -> Result<Option<Rate>, ConfigError> {
+    match get(variable) {
+        None => Ok(default),
+        Some(v) => Rate::parse(&v).map_err(|reason| ConfigError {
+            variable,
+            reason: reason.to_owned(),
+        }),
     }
 }
 
@@ -185,6 +270,14 @@ mod tests {
             ("PROXY_POOL_IDEMPOTENCY_TTL_SECONDS", "9"),
             ("PROXY_POOL_MAX_BODY_BYTES", "4096"),
             ("PROXY_POOL_REDIS_TIMEOUT_MS", "250"),
+            ("PROXY_POOL_AUTH_SCHEMES", "basic,none"),
+            ("PROXY_POOL_CLIENTS_SECRET_ID", "clients"),
+            ("PROXY_POOL_REDIS_SECRET_ID", "redis"),
+            ("PROXY_POOL_CLIENTS_REFRESH_SECONDS", "60"),
+            ("PROXY_POOL_TRUSTED_PROXIES", "10.0.0.0/8, 192.0.2.1"),
+            ("PROXY_POOL_DENIED_SOURCES", "203.0.113.0/24"),
+            ("PROXY_POOL_GLOBAL_RATE", "100:200"),
+            ("PROXY_POOL_CLIENT_RATE", "off"),
         ])
         .unwrap();
         assert_eq!(c.redis_url.as_deref(), Some("redis://127.0.0.1:1/"));
@@ -196,6 +289,15 @@ mod tests {
         assert_eq!(c.idempotency_ttl, Duration::from_secs(9));
         assert_eq!(c.max_body_bytes, 4096);
         assert_eq!(c.redis_timeout, Duration::from_millis(250));
+        assert!(c.auth_schemes.basic && c.auth_schemes.none && !c.auth_schemes.api_key);
+        assert_eq!(c.clients_secret_id.as_deref(), Some("clients"));
+        assert_eq!(c.redis_secret_id.as_deref(), Some("redis"));
+        assert_eq!(c.clients_refresh, Duration::from_secs(60));
+        assert_eq!(c.sources.trusted_proxies.len(), 2);
+        assert_eq!(c.sources.denied.len(), 1);
+        assert!(c.sources.allowed.is_empty());
+        assert_eq!(c.global_rate.map(|r| r.burst), Some(200));
+        assert_eq!(c.client_rate, None);
     }
 
     /// A bad value is refused with the variable's name, never silently defaulted.
@@ -208,6 +310,9 @@ mod tests {
             ("PROXY_POOL_IDEMPOTENCY_TTL_SECONDS", "-1"),
             ("PROXY_POOL_REDIS_URL", "http://x"),
             ("PROXY_POOL_MAX_BODY_BYTES", "lots"),
+            ("PROXY_POOL_AUTH_SCHEMES", "digest"),
+            ("PROXY_POOL_TRUSTED_PROXIES", "10.0.0.0/33"),
+            ("PROXY_POOL_GLOBAL_RATE", "lots"),
         ] {
             let err = from(&[(var, value)]).unwrap_err();
             assert_eq!(err.variable, var);

@@ -6,10 +6,12 @@
 //! * [`distribution`]: the thin HTTP adapter shared by Lambda and `serve`:
 //!   routing, admission, decoding, problem mapping, health.
 //! * [`httpapi`]: request ids, RFC 9457 problems, JSON responses.
-//! * [`security`]: who is calling (source address, client identity).
+//! * [`security`]: who is calling and may they: trusted proxies, source
+//!   control, authentication, the client registry, rate limits.
 //! * [`extraction`]: request/response types and the service applying policy.
 //! * [`pool`]: the Redis pool: key layout, Lua scripts (`lua/`), adapter.
 //! * [`config`]: typed settings from `PROXY_POOL_*` variables.
+//! * [`secrets`]: AWS Secrets Manager: client registry and Redis credentials.
 //! * [`server`]: the plain HTTP server behind `proxy-pool serve`.
 //! * [`local`]: a private `redis-server` and a demo pool for running locally.
 //! * [`telemetry`]: tracing set-up (JSON in Lambda, text locally).
@@ -20,6 +22,7 @@ pub mod extraction;
 pub mod httpapi;
 pub mod local;
 pub mod pool;
+pub mod secrets;
 pub mod security;
 pub mod server;
 pub mod telemetry;

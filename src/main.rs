@@ -1,5 +1,6 @@
-//! The AWS Lambda entrypoint: builds the shared clients once per cold start,
-//! then serves API Gateway events with [`proxy_pool::distribution::handle`].
+//! The AWS Lambda entrypoint: builds the shared clients once per cold start
+//! (configuration, Secrets Manager, Redis connection, client registry), then
+//! serves API Gateway events with [`proxy_pool::distribution::handle`].
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -8,18 +9,44 @@ use lambda_http::{Error, service_fn};
 use proxy_pool::config::Config;
 use proxy_pool::distribution::{App, handle};
 use proxy_pool::pool::RedisPool;
-use proxy_pool::security::AnonymousResolver;
+use proxy_pool::secrets::{RegistrySource, SecretStore, redis_url_from_secret, start_registry};
+use proxy_pool::security::{Guard, RegistryHandle};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     proxy_pool::telemetry::init(true);
     let config = Config::from_env()?;
-    let url = config
-        .redis_url
-        .clone()
-        .ok_or("PROXY_POOL_REDIS_URL: is required in Lambda")?;
+    let store = if config.clients_secret_id.is_some() || config.redis_secret_id.is_some() {
+        Some(SecretStore::from_env().await)
+    } else {
+        None
+    };
+    let url = match (&config.redis_secret_id, &store) {
+        (Some(id), Some(store)) => {
+            redis_url_from_secret(&store.fetch(id).await?, config.redis_url.as_deref())
+                .map_err(|e| format!("PROXY_POOL_REDIS_SECRET_ID: {e}"))?
+        }
+        _ => config
+            .redis_url
+            .clone()
+            .ok_or("PROXY_POOL_REDIS_URL: is required in Lambda")?,
+    };
+    let registry = match (&config.clients_secret_id, store) {
+        _ if !config.auth_schemes.need_registry() => RegistryHandle::default(),
+        (Some(id), Some(store)) => {
+            let source = RegistrySource::Secret {
+                store,
+                id: id.clone(),
+            };
+            start_registry(source, config.clients_refresh).await
+        }
+        _ => {
+            return Err("PROXY_POOL_CLIENTS_SECRET_ID: is required when PROXY_POOL_AUTH_SCHEMES enables apiKey, basic or bearer".into());
+        }
+    };
     let pool = RedisPool::new(&url, config.redis_timeout)?;
-    let app = Arc::new(App::new(&config, pool, Arc::new(AnonymousResolver)));
+    let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
+    let app = Arc::new(App::new(&config, pool, Arc::new(guard)));
     lambda_http::run(service_fn(move |request| {
         let app = app.clone();
         async move { Ok::<_, Infallible>(handle(&app, request).await) }

@@ -138,10 +138,23 @@ async fn serve_runs_with_its_embedded_default() {
         .unwrap();
     let curl = stdout.next_line().await.unwrap().unwrap();
     assert!(curl.starts_with("try: curl"), "{curl}");
+    // The printed line carries a working API key for the demo client.
+    let key = curl
+        .split("X-API-Key: ")
+        .nth(1)
+        .and_then(|s| s.split('\'').next())
+        .unwrap()
+        .to_owned();
+    assert!(key.starts_with("pp_") && key.len() == 67, "{key}");
 
     let body = r#"{"count":2,"filters":{"protocols":["http"]}}"#;
+    let json_only = [("content-type", "application/json")];
+    let (status, h0, _) = http(addr, "POST", "/api/v1/proxies/extract", &json_only, body).await;
+    assert_eq!(status, 401);
+    assert!(h0["www-authenticate"].starts_with("ApiKey"));
     let headers = [
         ("content-type", "application/json"),
+        ("x-api-key", key.as_str()),
         ("idempotency-key", "cli-test-01"),
     ];
     let (status, h1, first) = http(addr, "POST", "/api/v1/proxies/extract", &headers, body).await;
@@ -159,7 +172,7 @@ async fn serve_runs_with_its_embedded_default() {
 
     // Bodies past the limit are refused without being read whole.
     let big = format!(r#"{{"count":1,"x":"{}"}}"#, "y".repeat(40_000));
-    let (status, _, _) = http(addr, "POST", "/api/v1/proxies/extract", &headers[..1], &big).await;
+    let (status, _, _) = http(addr, "POST", "/api/v1/proxies/extract", &headers[..2], &big).await;
     assert_eq!(status, 413);
     let (status, _, _) = http(addr, "GET", "/health/ready", &[], "").await;
     assert_eq!(status, 200);

@@ -11,7 +11,9 @@ use proxy_pool::config::Config;
 use proxy_pool::distribution::{App, EXTRACT_PATH};
 use proxy_pool::local::{RedisServer, demo_proxies};
 use proxy_pool::pool::{NewProxy, RedisPool, UpsertStatus};
-use proxy_pool::security::AnonymousResolver;
+use proxy_pool::secrets::{RegistrySource, SecretStore, start_registry};
+use proxy_pool::security::credentials::CredentialHash;
+use proxy_pool::security::{ClientRegistry, Guard, RegistryHandle};
 
 #[derive(Parser)]
 #[command(version, about = "Proxy Pool Distribution function, outside Lambda")]
@@ -34,6 +36,20 @@ enum Command {
         /// Demo proxies loaded into the private Redis.
         #[arg(long, default_value_t = 300)]
         demo_size: usize,
+        /// Client registry document (JSON, see README). Default with the
+        /// private Redis: one demo client with a fresh API key, printed.
+        #[arg(long)]
+        clients: Option<std::path::PathBuf>,
+    },
+    /// Print the registry entry (`sha256:...`) for an API key, bearer token
+    /// or Basic password read from standard input, or for a new one.
+    HashCredential {
+        /// Make a new random secret, print it and its hash.
+        #[arg(long)]
+        generate: bool,
+        /// Hash a Basic password for this user (as `user:password`).
+        #[arg(long)]
+        basic_user: Option<String>,
     },
     /// Add or refresh proxies from JSON Lines (one proxy a line; `-` = stdin).
     Load {
@@ -54,7 +70,12 @@ async fn main() -> ExitCode {
             listen,
             redis_url,
             demo_size,
-        } => serve(listen, redis_url, demo_size).await,
+            clients,
+        } => serve(listen, redis_url, demo_size, clients).await,
+        Command::HashCredential {
+            generate,
+            basic_user,
+        } => hash_credential(generate, basic_user),
         Command::Load { redis_url, file } => load(&redis_url, &file).await,
     };
     match result {
@@ -74,7 +95,12 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-async fn serve(listen: SocketAddr, redis_url: Option<String>, demo_size: usize) -> CliResult {
+async fn serve(
+    listen: SocketAddr,
+    redis_url: Option<String>,
+    demo_size: usize,
+    clients: Option<std::path::PathBuf>,
+) -> CliResult {
     let mut config = Config::from_env()?;
     // The private Redis lives as long as this function: dropped, it is killed.
     let mut private = None;
@@ -97,18 +123,85 @@ async fn serve(listen: SocketAddr, redis_url: Option<String>, demo_size: usize) 
         pool.upsert(&demo_proxies(demo_size, now_ms())).await?;
         tokio::spawn(refresh_demo(pool.clone(), demo_size));
     }
-    let app = Arc::new(App::new(&config, pool, Arc::new(AnonymousResolver)));
+    let mut demo_key = None;
+    let registry = if !config.auth_schemes.need_registry() {
+        RegistryHandle::default()
+    } else if let Some(path) = clients {
+        let source = RegistrySource::File(path);
+        // Locally a bad file is an error now, not a 503 later.
+        let first = source.load().await?;
+        let handle = start_registry(source, config.clients_refresh).await;
+        handle.replace(first);
+        handle
+    } else if let Some(id) = config.clients_secret_id.clone() {
+        let store = SecretStore::from_env().await;
+        start_registry(RegistrySource::Secret { store, id }, config.clients_refresh).await
+    } else if private.is_some() {
+        let (key, registry) = demo_registry()?;
+        demo_key = Some(key);
+        RegistryHandle::with(registry)
+    } else {
+        return Err("serve needs --clients FILE or PROXY_POOL_CLIENTS_SECRET_ID (or PROXY_POOL_AUTH_SCHEMES=none)".into());
+    };
+    let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
+    let app = Arc::new(App::new(&config, pool, Arc::new(guard)));
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
     println!("proxy-pool serve: listening on http://{addr}, pool in {origin}");
+    let key_header = match &demo_key {
+        Some(key) => format!(" -H 'X-API-Key: {key}'"),
+        None => String::new(),
+    };
     println!(
-        "try: curl -s -X POST http://{addr}{EXTRACT_PATH} -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-0001' -d '{{\"count\":2,\"filters\":{{\"protocols\":[\"http\"]}}}}'"
+        "try: curl -s -X POST http://{addr}{EXTRACT_PATH}{key_header} -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-0001' -d '{{\"count\":2,\"filters\":{{\"protocols\":[\"http\"]}}}}'"
     );
     println!("stop with Ctrl-C");
     let _ = std::io::stdout().flush();
     proxy_pool::server::serve(listener, app, shutdown_signal()).await?;
     drop(private);
     println!("proxy-pool serve: stopped");
+    Ok(())
+}
+
+/// A fresh random secret, `pp_` + 64 hex characters.
+fn new_secret() -> Result<String, Box<dyn std::error::Error>> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness: {e}"))?;
+    Ok(format!("pp_{}", hex::encode(bytes)))
+}
+
+/// One `demo` client holding a fresh API key (returned, to be printed).
+fn demo_registry() -> Result<(String, ClientRegistry), Box<dyn std::error::Error>> {
+    let key = new_secret()?;
+    let doc = format!(
+        r#"{{"clients":[{{"id":"demo","apiKeys":["{}"]}}]}}"#,
+        CredentialHash::of(key.as_bytes()).encode()
+    );
+    Ok((key, ClientRegistry::parse(&doc)?))
+}
+
+fn hash_credential(generate: bool, basic_user: Option<String>) -> CliResult {
+    let secret = if generate {
+        let secret = new_secret()?;
+        println!("secret: {secret}");
+        secret
+    } else {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+        let secret = line.trim_end_matches(['\r', '\n']).to_owned();
+        if secret.is_empty() {
+            return Err("no secret on standard input".into());
+        }
+        secret
+    };
+    let material = match basic_user {
+        Some(user) if user.contains(':') => {
+            return Err("a Basic user name cannot contain ':'".into());
+        }
+        Some(user) => format!("{user}:{secret}"),
+        None => secret,
+    };
+    println!("{}", CredentialHash::of(material.as_bytes()).encode());
     Ok(())
 }
 

@@ -16,7 +16,7 @@ use crate::extraction::{
 };
 use crate::httpapi::{InvalidParam, Problem, RequestId, json_response};
 use crate::pool::{ExtractionOutcome, PoolError, RedisPool};
-use crate::security::IdentityResolver;
+use crate::security::{Identity, IdentityResolver, RateLimiter};
 
 /// The extraction endpoint.
 pub const EXTRACT_PATH: &str = "/api/v1/proxies/extract";
@@ -30,6 +30,7 @@ pub struct App {
     service: ExtractionService,
     pool: RedisPool,
     identity: Arc<dyn IdentityResolver>,
+    limiter: RateLimiter,
     max_body_bytes: usize,
     draining: AtomicBool,
 }
@@ -39,6 +40,7 @@ impl App {
     pub fn new(config: &Config, pool: RedisPool, identity: Arc<dyn IdentityResolver>) -> Self {
         Self {
             service: ExtractionService::new(Policy::from(config), pool.clone()),
+            limiter: RateLimiter::new(pool.clone(), config.global_rate, config.client_rate),
             pool,
             identity,
             max_body_bytes: config.max_body_bytes,
@@ -64,6 +66,7 @@ impl App {
 /// Fields of the one access-log line written per request.
 #[derive(Default)]
 struct AccessLog {
+    code: &'static str,
     client_id: Option<String>,
     requested: Option<u32>,
     returned: Option<usize>,
@@ -94,11 +97,11 @@ pub async fn handle(app: &App, request: Request) -> Response<Body> {
             (id, result)
         }
     };
-    let (response, code) = match result {
-        Ok(response) => (response, ""),
+    let response = match result {
+        Ok(response) => response,
         Err(problem) => {
-            let code = problem.code();
-            (problem.into_response(&request_id), code)
+            log.code = problem.code();
+            problem.into_response(&request_id)
         }
     };
     tracing::info!(
@@ -106,7 +109,7 @@ pub async fn handle(app: &App, request: Request) -> Response<Body> {
         method = %method,
         path = %path,
         status = response.status().as_u16(),
-        code,
+        code = log.code,
         client_id = log.client_id.as_deref(),
         requested = log.requested,
         returned = log.returned,
@@ -174,6 +177,28 @@ async fn extract(
     }
     let identity = app.identity.resolve(&request)?;
     log.client_id = Some(identity.client_id.clone());
+    let limits = app.limiter.admit(&identity).await?;
+    // Admitted: every answer from here on tells the client how to pace itself.
+    let mut response = match admitted(app, &request, &identity, request_id, log).await {
+        Ok(response) => response,
+        Err(problem) => {
+            log.code = problem.code();
+            problem.into_response(request_id)
+        }
+    };
+    for (name, value) in limits {
+        response.headers_mut().insert(name, value);
+    }
+    Ok(response)
+}
+
+async fn admitted(
+    app: &App,
+    request: &Request,
+    identity: &Identity,
+    request_id: &RequestId,
+    log: &mut AccessLog,
+) -> Result<Response<Body>, Problem> {
     check_content_type(request.headers())?;
     if declared_length(request.headers()).is_some_and(|n| n > app.max_body_bytes) {
         return Err(Problem::payload_too_large(app.max_body_bytes));
@@ -183,13 +208,13 @@ async fn extract(
     if body.len() > app.max_body_bytes {
         return Err(Problem::payload_too_large(app.max_body_bytes));
     }
-    let decoded = ExtractRequest::decode(body, app.service.max_count(&identity))?;
+    let decoded = ExtractRequest::decode(body, app.service.max_count(identity))?;
     log.requested = Some(decoded.count);
     log.filters = Some(summarize(&decoded.filters));
 
     let outcome = app
         .service
-        .extract(&identity, &decoded, key.as_ref(), request_id.as_str())
+        .extract(identity, &decoded, key.as_ref(), request_id.as_str())
         .await
         .map_err(|e| match e {
             ServiceError::Rejected(problem) => problem,

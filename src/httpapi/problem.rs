@@ -74,6 +74,42 @@ impl Problem {
         .with_params(params)
     }
 
+    /// 401: authentication failed; `challenges` become `WWW-Authenticate` headers.
+    pub fn unauthorized(detail: &'static str, challenges: &[&'static str]) -> Self {
+        let mut p = Self::new(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHORIZED",
+            "Unauthorized",
+            detail.into(),
+        );
+        for c in challenges {
+            p.headers.push((
+                HeaderName::from_static("www-authenticate"),
+                HeaderValue::from_static(c),
+            ));
+        }
+        p
+    }
+
+    /// 429: a rate limit refused the request; `Retry-After` in whole seconds.
+    pub fn too_many_requests(
+        retry_after_secs: u64,
+        headers: Vec<(HeaderName, HeaderValue)>,
+    ) -> Self {
+        let mut p = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "RATE_LIMITED",
+            "Too many requests",
+            format!("rate limit exceeded, retry in {retry_after_secs} s"),
+        );
+        p.headers.push((
+            HeaderName::from_static("retry-after"),
+            HeaderValue::from(retry_after_secs),
+        ));
+        p.headers.extend(headers);
+        p
+    }
+
     /// 403: the source or the client may not do this.
     pub fn forbidden(code: &'static str, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, code, "Forbidden", detail.into())
@@ -206,7 +242,9 @@ impl Problem {
         };
         let json = serde_json::to_string(&body).unwrap_or_default();
         let mut response = respond(self.status, "application/problem+json", json, request_id);
-        response.headers_mut().extend(self.headers);
+        for (name, value) in self.headers {
+            response.headers_mut().append(name, value);
+        }
         response
     }
 }

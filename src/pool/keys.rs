@@ -17,6 +17,17 @@ pub const PROXIES: &str = "{pp}:proxies";
 /// `ZSET` proxy id -> expiresAt ms, for pruning expired records.
 pub const EXPIRY: &str = "{pp}:expiry";
 
+/// `STRING`: the global rate limit's theoretical arrival time (GCRA, ms).
+pub const RATE_GLOBAL: &str = "{pp}:rl:global";
+
+/// `STRING`: one client's rate limit state (client id hashed).
+pub fn rate_client(client_id: &str) -> String {
+    format!(
+        "{HASH_TAG}:rl:client:{}",
+        hex::encode(Sha256::digest(client_id.as_bytes()))
+    )
+}
+
 /// `STRING` holding one committed extraction for replay, scoped to a client
 /// and its `Idempotency-Key` (hashed, so neither appears in key names).
 pub fn idempotency(client_id: &str, key: &str) -> String {

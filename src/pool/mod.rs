@@ -8,10 +8,13 @@
 //! | `{pp}:proxies` | HASH | id -> record JSON / tombstone | latest expiry |
 //! | `{pp}:expiry` | ZSET | id -> expiresAt ms | latest expiry |
 //! | `{pp}:idem:<sha256>` | STRING | digest + committed result | idempotency window |
+//! | `{pp}:rl:global`, `{pp}:rl:client:<sha256>` | STRING | GCRA arrival time | until the bucket is full |
 
 pub mod keys;
 mod new_proxy;
 mod redis_pool;
 
 pub use new_proxy::{NewProxy, UpsertStatus};
-pub use redis_pool::{ExtractionOutcome, ExtractionQuery, IdempotencyScope, PoolError, RedisPool};
+pub use redis_pool::{
+    Admission, ExtractionOutcome, ExtractionQuery, IdempotencyScope, PoolError, RedisPool,
+};

@@ -142,6 +142,18 @@ pub struct RedisPool {
 struct Scripts {
     extract: Script,
     upsert: Script,
+    ratelimit: Script,
+}
+
+/// The rate limiter's verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// Every limit admitted the request (and was charged).
+    pub admitted: bool,
+    /// When refused: how long until it would be admitted.
+    pub retry_after_ms: u64,
+    /// Per limit, in order: requests still admissible, ms until full again.
+    pub limits: Vec<(u64, u64)>,
 }
 
 impl RedisPool {
@@ -163,6 +175,7 @@ impl RedisPool {
             scripts: Arc::new(Scripts {
                 extract: Script::new(include_str!("../../lua/extract.lua")),
                 upsert: Script::new(include_str!("../../lua/upsert.lua")),
+                ratelimit: Script::new(include_str!("../../lua/ratelimit.lua")),
             }),
             started: Instant::now(),
             last_used_ms: Arc::new(AtomicU64::new(0)),
@@ -247,6 +260,31 @@ impl RedisPool {
             }
         }
         Ok(statuses)
+    }
+
+    /// Runs `lua/ratelimit.lua` over `limits` (key, ms per request, burst):
+    /// admitted only if every limit admits, and only then charged.
+    pub async fn admit(&self, limits: &[(&str, f64, u32)]) -> Result<Admission, PoolError> {
+        let mut inv = self.scripts.ratelimit.prepare_invoke();
+        for (key, interval_ms, burst) in limits {
+            inv.key(*key).arg(interval_ms.to_string()).arg(*burst);
+        }
+        // A repeat after a lost reply charges the limit twice at worst.
+        let reply: Vec<i64> = self.invoke(&inv, true).await?;
+        let [admitted, retry_after, rest @ ..] = reply.as_slice() else {
+            return Err(PoolError::Internal("unexpected ratelimit reply".into()));
+        };
+        if rest.len() != 2 * limits.len() {
+            return Err(PoolError::Internal("unexpected ratelimit reply".into()));
+        }
+        Ok(Admission {
+            admitted: *admitted == 1,
+            retry_after_ms: (*retry_after).max(0) as u64,
+            limits: rest
+                .chunks(2)
+                .map(|p| (p[0].max(0) as u64, p[1].max(0) as u64))
+                .collect(),
+        })
     }
 
     /// A clone of the underlying connection, for callers that need raw commands.

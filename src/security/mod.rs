@@ -1,9 +1,17 @@
-//! Who is calling: source address and client identity, resolved before the
-//! request body is read.
+//! Who is calling, and may they: source address (trusted proxies), source
+//! control, authentication against the client registry, and rate limits.
+//! All of it runs before the request body is read.
 
+mod auth;
+pub mod credentials;
+mod ratelimit;
+pub mod registry;
 mod source;
 
-pub use source::{PeerAddr, canonical_ip, source_ip};
+pub use auth::{AuthSchemes, Guard, RegistryHandle, SourcePolicy};
+pub use ratelimit::{Rate, RateLimitHeaders, RateLimiter};
+pub use registry::{ClientRegistry, RegistryError};
+pub use source::{PeerAddr, canonical_ip, client_ip, peer_ip};
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -13,7 +21,7 @@ use lambda_http::Request;
 use crate::httpapi::Problem;
 
 /// The resolved caller of one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Identity {
     /// Stable client id: a registered client's id, or `ip:<canonical address>`.
     pub client_id: String,
@@ -23,6 +31,8 @@ pub struct Identity {
     pub allowed_upstreams: Option<BTreeSet<String>>,
     /// Per-client cap on `count`, below the server's.
     pub max_count: Option<u32>,
+    /// The client's own rate limit, if the registry sets one.
+    pub rate: Option<Rate>,
 }
 
 /// Resolves the caller of a request from its headers and transport only
@@ -30,23 +40,4 @@ pub struct Identity {
 pub trait IdentityResolver: Send + Sync {
     /// Resolves `request`'s caller.
     fn resolve(&self, request: &Request) -> Result<Identity, Problem>;
-}
-
-/// No authentication: every caller is an anonymous client named by its
-/// canonical source address.
-#[derive(Debug, Clone, Default)]
-pub struct AnonymousResolver;
-
-impl IdentityResolver for AnonymousResolver {
-    fn resolve(&self, request: &Request) -> Result<Identity, Problem> {
-        let ip = source_ip(request).ok_or_else(|| {
-            Problem::forbidden("SOURCE_UNKNOWN", "the request's source address is unknown")
-        })?;
-        Ok(Identity {
-            client_id: format!("ip:{ip}"),
-            source_ip: ip,
-            allowed_upstreams: None,
-            max_count: None,
-        })
-    }
 }

@@ -14,7 +14,7 @@ use proxy_pool::config::Config;
 use proxy_pool::distribution::{App, EXTRACT_PATH, handle};
 use proxy_pool::local::RedisServer;
 use proxy_pool::pool::{NewProxy, RedisPool, UpsertStatus};
-use proxy_pool::security::{AnonymousResolver, PeerAddr};
+use proxy_pool::security::{AuthSchemes, Guard, PeerAddr, RegistryHandle};
 use serde_json::Value;
 
 /// Milliseconds since the Unix epoch.
@@ -104,18 +104,27 @@ impl Harness {
         Self::with_config(|_| {}).await
     }
 
-    /// Settings adjusted by `adjust`.
+    /// Settings adjusted by `adjust`, starting from anonymous access and no
+    /// rate limits.
     pub async fn with_config(adjust: impl FnOnce(&mut Config)) -> Self {
+        Self::with_registry(adjust, RegistryHandle::default()).await
+    }
+
+    /// Settings adjusted by `adjust`, with a client registry.
+    pub async fn with_registry(adjust: impl FnOnce(&mut Config), registry: RegistryHandle) -> Self {
         let redis = RedisServer::start().await.expect(
             "redis-server must be installed for the tests (apt-get install -y redis-server)",
         );
         let mut config = Config {
             redis_url: Some(redis.url()),
+            auth_schemes: AuthSchemes::parse("none").unwrap(),
+            client_rate: None,
             ..Config::default()
         };
         adjust(&mut config);
         let pool = RedisPool::new(&redis.url(), config.redis_timeout).unwrap();
-        let app = Arc::new(App::new(&config, pool.clone(), Arc::new(AnonymousResolver)));
+        let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
+        let app = Arc::new(App::new(&config, pool.clone(), Arc::new(guard)));
         Self {
             redis,
             pool,

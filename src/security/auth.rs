@@ -1,0 +1,259 @@
+//! The standard [`IdentityResolver`]: source address, source control,
+//! authentication and client identity, in that order.
+
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+
+use base64::Engine;
+use ipnet::IpNet;
+use lambda_http::Request;
+use lambda_http::http::{HeaderMap, header};
+
+use super::registry::{ClientRegistry, CredentialKind};
+use super::source::{client_ip, peer_ip};
+use super::{Identity, IdentityResolver};
+use crate::httpapi::Problem;
+
+/// Longest credential header value considered.
+const MAX_CREDENTIAL_LEN: usize = 1024;
+
+/// Which authentication schemes are enabled (`PROXY_POOL_AUTH_SCHEMES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AuthSchemes {
+    /// `X-API-Key`.
+    pub api_key: bool,
+    /// HTTP Basic.
+    pub basic: bool,
+    /// HTTP Bearer.
+    pub bearer: bool,
+    /// Anonymous callers, identified by source address.
+    pub none: bool,
+}
+
+impl AuthSchemes {
+    /// Parses a comma list of `apiKey`, `basic`, `bearer`, `none`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut out = Self::default();
+        for word in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            match word.to_ascii_lowercase().as_str() {
+                "apikey" => out.api_key = true,
+                "basic" => out.basic = true,
+                "bearer" => out.bearer = true,
+                "none" => out.none = true,
+                _ => return Err("must list apiKey, basic, bearer and/or none".into()),
+            }
+        }
+        if out == Self::default() {
+            return Err("must enable at least one of apiKey, basic, bearer, none".into());
+        }
+        Ok(out)
+    }
+
+    /// Whether any scheme needs the client registry.
+    pub fn need_registry(self) -> bool {
+        self.api_key || self.basic || self.bearer
+    }
+
+    fn challenges(self) -> Vec<&'static str> {
+        let mut c = Vec::new();
+        if self.api_key {
+            c.push("ApiKey realm=\"proxy-pool\", header=\"X-API-Key\"");
+        }
+        if self.basic {
+            c.push("Basic realm=\"proxy-pool\", charset=\"UTF-8\"");
+        }
+        if self.bearer {
+            c.push("Bearer realm=\"proxy-pool\"");
+        }
+        c
+    }
+}
+
+/// Source address rules (`PROXY_POOL_TRUSTED_PROXIES`, `..._ALLOWED_SOURCES`,
+/// `..._DENIED_SOURCES`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourcePolicy {
+    /// Peers whose forwarded headers are believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// When non-empty, callers must be inside one of these.
+    pub allowed: Vec<IpNet>,
+    /// Callers inside one of these are refused.
+    pub denied: Vec<IpNet>,
+}
+
+/// The registry as last loaded; `None` until a first load succeeds.
+#[derive(Clone, Default)]
+pub struct RegistryHandle(Arc<RwLock<Option<Arc<ClientRegistry>>>>);
+
+impl RegistryHandle {
+    /// A handle already holding `registry`.
+    pub fn with(registry: ClientRegistry) -> Self {
+        let h = Self::default();
+        h.replace(registry);
+        h
+    }
+
+    /// Installs a newly loaded registry.
+    pub fn replace(&self, registry: ClientRegistry) {
+        if let Ok(mut slot) = self.0.write() {
+            *slot = Some(Arc::new(registry));
+        }
+    }
+
+    /// The current registry, if one was ever loaded.
+    pub fn current(&self) -> Option<Arc<ClientRegistry>> {
+        self.0.read().ok().and_then(|slot| slot.clone())
+    }
+}
+
+/// Resolves callers per the configured schemes, registry and source policy.
+pub struct Guard {
+    schemes: AuthSchemes,
+    sources: SourcePolicy,
+    registry: RegistryHandle,
+}
+
+enum Presented {
+    Nothing,
+    Credential(CredentialKind, Vec<u8>),
+    Malformed,
+}
+
+impl Guard {
+    /// A guard enforcing `schemes` against `registry` and `sources`.
+    pub fn new(schemes: AuthSchemes, sources: SourcePolicy, registry: RegistryHandle) -> Self {
+        Self {
+            schemes,
+            sources,
+            registry,
+        }
+    }
+
+    fn unauthorized(&self, detail: &'static str) -> Problem {
+        Problem::unauthorized(detail, &self.schemes.challenges())
+    }
+
+    fn forbidden_source() -> Problem {
+        Problem::forbidden(
+            "SOURCE_FORBIDDEN",
+            "requests from this source address are not allowed",
+        )
+    }
+}
+
+impl IdentityResolver for Guard {
+    fn resolve(&self, request: &Request) -> Result<Identity, Problem> {
+        let peer = peer_ip(request).ok_or_else(|| {
+            Problem::forbidden("SOURCE_UNKNOWN", "the request's source address is unknown")
+        })?;
+        let ip = client_ip(peer, request.headers(), &self.sources.trusted_proxies);
+        let inside = |nets: &[IpNet], ip: &IpAddr| nets.iter().any(|n| n.contains(ip));
+        if inside(&self.sources.denied, &ip)
+            || (!self.sources.allowed.is_empty() && !inside(&self.sources.allowed, &ip))
+        {
+            return Err(Self::forbidden_source());
+        }
+        let (kind, secret) = match presented(request.headers()) {
+            Presented::Nothing if self.schemes.none => {
+                return Ok(Identity {
+                    client_id: format!("ip:{ip}"),
+                    source_ip: ip,
+                    allowed_upstreams: None,
+                    max_count: None,
+                    rate: None,
+                });
+            }
+            Presented::Nothing => return Err(self.unauthorized("credentials are required")),
+            Presented::Malformed => return Err(self.unauthorized("malformed credentials")),
+            Presented::Credential(kind, secret) => (kind, secret),
+        };
+        let enabled = match kind {
+            CredentialKind::ApiKey => self.schemes.api_key,
+            CredentialKind::Basic => self.schemes.basic,
+            CredentialKind::Bearer => self.schemes.bearer,
+        };
+        if !enabled {
+            return Err(self.unauthorized("this authentication scheme is not enabled"));
+        }
+        let registry = self
+            .registry
+            .current()
+            .ok_or_else(|| Problem::unavailable("the client registry is not loaded yet"))?;
+        let client = registry
+            .authenticate(kind, &secret)
+            .ok_or_else(|| self.unauthorized("invalid credentials"))?;
+        if !client.allowed_sources.is_empty() && !inside(&client.allowed_sources, &ip) {
+            return Err(Self::forbidden_source());
+        }
+        Ok(Identity {
+            client_id: client.id.clone(),
+            source_ip: ip,
+            allowed_upstreams: client.allowed_upstreams.clone(),
+            max_count: client.max_count,
+            rate: client.rate,
+        })
+    }
+}
+
+/// The one credential a request carries. Two credentials, repeated headers,
+/// unknown `Authorization` schemes and bad encodings are all malformed.
+fn presented(headers: &HeaderMap) -> Presented {
+    let api_keys: Vec<_> = headers.get_all("x-api-key").iter().collect();
+    let auths: Vec<_> = headers.get_all(header::AUTHORIZATION).iter().collect();
+    let total = api_keys.len() + auths.len();
+    if total == 0 {
+        return Presented::Nothing;
+    }
+    if total > 1
+        || api_keys
+            .iter()
+            .chain(&auths)
+            .any(|v| v.len() > MAX_CREDENTIAL_LEN)
+    {
+        return Presented::Malformed;
+    }
+    if let Some(key) = api_keys.first() {
+        let key = key.as_bytes();
+        if key.is_empty() || !key.iter().all(u8::is_ascii_graphic) {
+            return Presented::Malformed;
+        }
+        return Presented::Credential(CredentialKind::ApiKey, key.to_vec());
+    }
+    let Some(auth) = auths.first().and_then(|v| v.to_str().ok()) else {
+        return Presented::Malformed;
+    };
+    let (scheme, rest) = auth.split_once(' ').unwrap_or((auth, ""));
+    let rest = rest.trim();
+    if scheme.eq_ignore_ascii_case("bearer") {
+        let token68 = |b: u8| b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b);
+        if rest.is_empty() || !rest.bytes().all(token68) {
+            return Presented::Malformed;
+        }
+        return Presented::Credential(CredentialKind::Bearer, rest.as_bytes().to_vec());
+    }
+    if scheme.eq_ignore_ascii_case("basic") {
+        return match base64::engine::general_purpose::STANDARD.decode(rest) {
+            Ok(decoded) if decoded.contains(&b':') && !decoded.iter().any(u8::is_ascii_control) => {
+                Presented::Credential(CredentialKind::Basic, decoded)
+            }
+            _ => Presented::Malformed,
+        };
+    }
+    Presented::Malformed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Scheme lists parse case-insensitively; empty or unknown is an error.
+    #[test]
+    fn parses_schemes() {
+        let s = AuthSchemes::parse("apiKey, Bearer").unwrap();
+        assert!(s.api_key && s.bearer && !s.basic && !s.none);
+        assert!(AuthSchemes::parse("none").unwrap().none);
+        assert!(!AuthSchemes::parse("none").unwrap().need_registry());
+        assert!(AuthSchemes::parse("").is_err());
+        assert!(AuthSchemes::parse("apiKey,digest").is_err());
+    }
+}
