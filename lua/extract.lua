@@ -72,6 +72,10 @@ local matching = {}
 local bucket_list = redis.call('HGETALL', buckets)
 for i = 1, #bucket_list, 2 do
   local parts = split_bucket(bucket_list[i])
+  if not tonumber(bucket_list[i + 1]) then
+    -- Its count is decremented after the writes begin, where nothing may fail.
+    return redis.error_reply('ERR damaged pool: a bucket count is not a number')
+  end
   if #parts == 4 then
     local ok = true
     for d = 1, 4 do

@@ -471,3 +471,23 @@ async fn pool_keys_expire_with_their_proxies() {
         );
     }
 }
+
+/// A damaged bucket count (whose decrement could fail after the first
+/// write) is refused before anything is written.
+#[tokio::test]
+async fn damaged_bucket_count_fails_before_writing() {
+    let h = Harness::start().await;
+    h.load(&proxies("b", 3)).await;
+    let mut conn = h.redis().await;
+    let _: () = redis::cmd("HSET")
+        .arg(keys::BUCKETS)
+        .arg("http|shanghai|telecom|provider-a")
+        .arg("many")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let before = h.snapshot().await;
+    let r = h.extract(r#"{"count":2}"#, &[]).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(h.snapshot().await, before);
+}

@@ -1,0 +1,198 @@
+//! The client registry and Redis credentials from AWS Secrets Manager,
+//! through a local emulator (moto's server) and the real SDK.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use aws_sdk_secretsmanager::config::{BehaviorVersion, Credentials, Region};
+use common::{Harness, proxies};
+use proxy_pool::secrets::{
+    RegistrySource, SecretStore, redis_url_from_secret, refresh, start_registry,
+};
+use proxy_pool::security::credentials::CredentialHash;
+use proxy_pool::security::{AuthSchemes, RegistryHandle};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A moto server on a free loopback port, killed on drop.
+struct Moto {
+    _child: Child,
+    client: aws_sdk_secretsmanager::Client,
+}
+
+impl Moto {
+    async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("moto_server must be installed for the tests (pip install 'moto[server]')");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        // moto says when it listens; no polling.
+        loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("moto_server exited");
+            if line.contains("Running on") {
+                break;
+            }
+        }
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let config = aws_sdk_secretsmanager::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
+            .endpoint_url(format!("http://127.0.0.1:{port}"))
+            .build();
+        Self {
+            _child: child,
+            client: aws_sdk_secretsmanager::Client::from_conf(config),
+        }
+    }
+
+    async fn create(&self, id: &str, value: &str) {
+        self.client
+            .create_secret()
+            .name(id)
+            .secret_string(value)
+            .send()
+            .await
+            .unwrap();
+    }
+
+    async fn put(&self, id: &str, value: &str) {
+        self.client
+            .put_secret_value()
+            .secret_id(id)
+            .secret_string(value)
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+fn doc(key: &str) -> String {
+    format!(
+        r#"{{"clients":[{{"id":"acme","apiKeys":["{}"]}}]}}"#,
+        CredentialHash::of(key.as_bytes()).encode()
+    )
+}
+
+async fn harness_with(registry: RegistryHandle) -> Harness {
+    let schemes = AuthSchemes::parse("apiKey").unwrap();
+    let h = Harness::with_registry(|c| c.auth_schemes = schemes, registry).await;
+    h.load(&proxies("m", 10)).await;
+    h
+}
+
+/// Initial load from the secret, a rotation picked up by a refresh, and a
+/// failed refresh that keeps the last good copy.
+#[tokio::test]
+async fn registry_load_rotate_and_keep_on_failure() {
+    let moto = Moto::start().await;
+    moto.create("proxy-pool/clients", &doc("pp_key_one_000"))
+        .await;
+    let source = RegistrySource::Secret {
+        store: SecretStore::new(moto.client.clone()),
+        id: "proxy-pool/clients".into(),
+    };
+    let handle = start_registry(source.clone(), Duration::from_secs(3600)).await;
+    let h = harness_with(handle.clone()).await;
+    let body = r#"{"count":1}"#;
+    assert_eq!(
+        h.extract(body, &[("x-api-key", "pp_key_one_000")])
+            .await
+            .status,
+        200
+    );
+
+    // Rotation: the new key works after a refresh, the old one no longer does.
+    moto.put("proxy-pool/clients", &doc("pp_key_two_000")).await;
+    assert!(refresh(&source, &handle).await);
+    assert_eq!(
+        h.extract(body, &[("x-api-key", "pp_key_two_000")])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        h.extract(body, &[("x-api-key", "pp_key_one_000")])
+            .await
+            .status,
+        401
+    );
+
+    // A broken document, then a vanished secret: the last good copy stays.
+    moto.put("proxy-pool/clients", "{ not json").await;
+    assert!(!refresh(&source, &handle).await);
+    moto.client
+        .delete_secret()
+        .secret_id("proxy-pool/clients")
+        .force_delete_without_recovery(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(!refresh(&source, &handle).await);
+    assert_eq!(
+        h.extract(body, &[("x-api-key", "pp_key_two_000")])
+            .await
+            .status,
+        200
+    );
+}
+
+/// A failed first load leaves extraction at 503 (health stays up) until a
+/// later refresh succeeds.
+#[tokio::test]
+async fn failed_first_load_is_503_until_a_refresh() {
+    let moto = Moto::start().await;
+    let source = RegistrySource::Secret {
+        store: SecretStore::new(moto.client.clone()),
+        id: "missing".into(),
+    };
+    let handle = start_registry(source.clone(), Duration::from_secs(3600)).await;
+    assert!(handle.current().is_none());
+    let h = harness_with(handle.clone()).await;
+    let r = h
+        .extract(r#"{"count":1}"#, &[("x-api-key", "pp_key_one_000")])
+        .await;
+    assert_eq!(r.status, 503);
+    assert_eq!(h.get("/health/live").await.status, 200);
+    moto.create("missing", &doc("pp_key_one_000")).await;
+    assert!(refresh(&source, &handle).await);
+    let r = h
+        .extract(r#"{"count":1}"#, &[("x-api-key", "pp_key_one_000")])
+        .await;
+    assert_eq!(r.status, 200);
+}
+
+/// The Redis URL can come from a secret, as the Lambda entrypoint reads it.
+#[tokio::test]
+async fn redis_url_from_a_secret() {
+    let moto = Moto::start().await;
+    let h = Harness::start().await;
+    let port = h.redis.port();
+    moto.create(
+        "proxy-pool/redis",
+        &format!(r#"{{"url":"redis://127.0.0.1:{port}/"}}"#),
+    )
+    .await;
+    let store = SecretStore::new(moto.client.clone());
+    let secret = store.fetch("proxy-pool/redis").await.unwrap();
+    let url = redis_url_from_secret(&secret, None).unwrap();
+    let pool = proxy_pool::pool::RedisPool::new(&url, Duration::from_secs(2)).unwrap();
+    pool.ping().await.unwrap();
+    let err = store.fetch("nope").await.unwrap_err().to_string();
+    assert!(err.starts_with("secret nope:"), "{err}");
+}
