@@ -72,8 +72,16 @@ pub async fn serve(
 async fn respond(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
     let (mut parts, incoming) = req.into_parts();
     parts.extensions.insert(PeerAddr(peer));
-    // Read at most one byte past the limit: enough for the handler to say 413.
-    let body = read_limited(incoming, app.max_body_bytes() + 1).await;
+    // A declared oversize body is not read at all (the handler answers 413
+    // from `Content-Length`); otherwise at most one byte past the limit.
+    let declared = parts
+        .headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let body = match declared {
+        Some(n) if n > app.max_body_bytes() as u64 => Body::Empty,
+        _ => read_limited(incoming, app.max_body_bytes() + 1).await,
+    };
     let response = handle(app, Request::from_parts(parts, body)).await;
     let (parts, body) = response.into_parts();
     let bytes = match body {

@@ -166,3 +166,16 @@ async fn responses_are_not_cached() {
     assert_eq!(p["url"], "http://user-n-0000:SECRET-n-0000@192.0.2.10:8080");
     assert!(p["remainingTtlSeconds"].as_i64().unwrap() >= 599);
 }
+
+/// Oversized header sections are refused before anything else.
+#[tokio::test]
+async fn oversized_headers_are_400() {
+    let h = Harness::start().await;
+    let big = "v".repeat(9000);
+    let r = h
+        .extract(r#"{"count":1}"#, &[("x-pad-1", &big), ("x-pad-2", &big)])
+        .await;
+    assert_eq!((r.status, r.code()), (400, "BAD_REQUEST"));
+    let r = h.extract(r#"{"count":1}"#, &[("x-pad-1", &big)]).await;
+    assert_eq!(r.status, 200);
+}

@@ -25,6 +25,9 @@ pub const LIVE_PATH: &str = "/health/live";
 /// Readiness probe.
 pub const READY_PATH: &str = "/health/ready";
 
+/// Largest total size of request header names and values.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
 /// Everything a request needs, built once per process and shared.
 pub struct App {
     service: ExtractionService,
@@ -81,7 +84,15 @@ pub async fn handle(app: &App, request: Request) -> Response<Body> {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let mut log = AccessLog::default();
+    let oversized = header_bytes(request.headers()) > MAX_HEADER_BYTES;
     let (request_id, result) = match RequestId::from_headers(request.headers()) {
+        Ok(id) if oversized => (
+            id,
+            Err(Problem::bad_request(
+                format!("request headers exceed {MAX_HEADER_BYTES} bytes"),
+                Vec::new(),
+            )),
+        ),
         Err(generated) => (
             generated,
             Err(Problem::bad_request(
@@ -253,6 +264,13 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), Problem> {
         Some(t) if t.eq_ignore_ascii_case("application/json") => Ok(()),
         _ => Err(Problem::unsupported_media_type()),
     }
+}
+
+fn header_bytes(headers: &HeaderMap) -> usize {
+    headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum()
 }
 
 fn declared_length(headers: &HeaderMap) -> Option<usize> {
