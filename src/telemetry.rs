@@ -15,3 +15,16 @@ pub fn init(json: bool) {
         builder.try_init()
     };
 }
+
+/// Whether the Lambda binary should log JSON: as Lambda's own
+/// `AWS_LAMBDA_LOG_FORMAT` says (`JSON` or `Text`, set by the function's
+/// logging configuration), else JSON unless stderr is a terminal, so
+/// CloudWatch gets JSON and a developer running `cargo lambda watch` reads text.
+pub fn lambda_wants_json() -> bool {
+    use std::io::IsTerminal;
+    match std::env::var("AWS_LAMBDA_LOG_FORMAT") {
+        Ok(format) if format.eq_ignore_ascii_case("json") => true,
+        Ok(format) if format.eq_ignore_ascii_case("text") => false,
+        _ => !std::io::stderr().is_terminal(),
+    }
+}
