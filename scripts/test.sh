@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # One command to check everything: installs what the tests need, then
-# formatting, lints and the whole test suite (real redis-server processes,
-# started by the tests themselves on random loopback ports).
+# formatting, lints, the whole test suite (real redis-server processes,
+# started by the tests themselves on random loopback ports), cfn-lint of the
+# SAM template and the Lambda end-to-end test under cargo-lambda's runtime
+# API emulator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+export PATH="${PROXY_POOL_TOOLS_DIR:-$HOME/.cache/proxy-pool/tools}/bin:$PATH"
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --all-targets --locked
+cfn-lint template.yaml
+echo "cfn-lint: template.yaml clean"
+bash scripts/lambda-e2e.sh
