@@ -10,6 +10,7 @@ use std::time::Duration;
 use lambda_http::request::LambdaRequest;
 use lambda_http::{Adapter, Request, Service, service_fn};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::Config;
@@ -38,16 +39,15 @@ pub enum Event {
 impl Event {
     /// Sorts a payload. The scheduled event is recognised by its `source`
     /// and `detail-type`; an HTTP event by deserializing as lambda_http does.
-    pub fn classify(payload: Value) -> Self {
+    pub fn classify(payload: &Value) -> Self {
         if payload.get("source").and_then(Value::as_str) == Some(SCHEDULE_SOURCE)
             && payload.get("detail-type").and_then(Value::as_str) == Some(SCHEDULE_DETAIL_TYPE)
         {
             return Self::Scheduled;
         }
-        let description = describe(&payload);
-        match serde_json::from_value::<LambdaRequest>(payload) {
+        match LambdaRequest::deserialize(payload) {
             Ok(request) => Self::Http(Box::new(request)),
-            Err(_) => Self::Unknown(description),
+            Err(_) => Self::Unknown(describe(payload)),
         }
     }
 }
@@ -103,7 +103,7 @@ impl Function {
     /// expects, the health check's JSON summary, or an error.
     pub async fn invoke(&self, event: LambdaEvent<Value>) -> Result<Value, FunctionError> {
         let LambdaEvent { payload, context } = event;
-        match Event::classify(payload) {
+        match Event::classify(&payload) {
             Event::Http(request) => self.http(*request, context).await,
             Event::Scheduled => self.health_check(&context).await,
             Event::Unknown(description) => {
@@ -213,23 +213,23 @@ mod tests {
     fn classifies_scheduled_events() {
         let scheduled =
             json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
-        assert!(matches!(Event::classify(scheduled), Event::Scheduled));
+        assert!(matches!(Event::classify(&scheduled), Event::Scheduled));
         let other = json!({"source": "aws.s3", "detail-type": "Object Created", "detail": {}});
-        assert!(matches!(Event::classify(other), Event::Unknown(_)));
+        assert!(matches!(Event::classify(&other), Event::Unknown(_)));
     }
 
     /// An unknown payload is described by field names, never by values.
     #[test]
     fn describes_unknown_events_without_values() {
-        let Event::Unknown(d) = Event::classify(json!({"Records": [{"secret": "s3cr3t"}]})) else {
+        let Event::Unknown(d) = Event::classify(&json!({"Records": [{"secret": "s3cr3t"}]})) else {
             panic!("an S3 notification is not an HTTP event");
         };
         assert_eq!(d, "fields: Records");
-        let Event::Unknown(d) = Event::classify(json!("hello")) else {
+        let Event::Unknown(d) = Event::classify(&json!("hello")) else {
             panic!("a string is not an event");
         };
         assert_eq!(d, "payload is a string");
-        let Event::Unknown(d) = Event::classify(json!({})) else {
+        let Event::Unknown(d) = Event::classify(&json!({})) else {
             panic!("an empty object is not an event");
         };
         assert_eq!(d, "fields: ");

@@ -22,9 +22,31 @@ pub fn init(json: bool) {
 /// CloudWatch gets JSON and a developer running `cargo lambda watch` reads text.
 pub fn lambda_wants_json() -> bool {
     use std::io::IsTerminal;
-    match std::env::var("AWS_LAMBDA_LOG_FORMAT") {
-        Ok(format) if format.eq_ignore_ascii_case("json") => true,
-        Ok(format) if format.eq_ignore_ascii_case("text") => false,
-        _ => !std::io::stderr().is_terminal(),
+    wants_json(
+        std::env::var("AWS_LAMBDA_LOG_FORMAT").ok().as_deref(),
+        std::io::stderr().is_terminal(),
+    )
+}
+
+fn wants_json(log_format: Option<&str>, stderr_is_terminal: bool) -> bool {
+    match log_format {
+        Some(f) if f.eq_ignore_ascii_case("json") => true,
+        Some(f) if f.eq_ignore_ascii_case("text") => false,
+        _ => !stderr_is_terminal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wants_json;
+
+    /// Lambda's log format setting wins; without it a terminal gets text.
+    #[test]
+    fn picks_the_log_format() {
+        assert!(wants_json(Some("JSON"), true));
+        assert!(!wants_json(Some("Text"), false));
+        assert!(wants_json(None, false));
+        assert!(!wants_json(None, true));
+        assert!(wants_json(Some("other"), false));
     }
 }
