@@ -27,7 +27,7 @@ cleanup() {
   if [ -n "$redis_pid" ]; then wait "$redis_pid" 2>/dev/null || true; fi
   rm -rf "$work"
 }
-trap 'echo "lambda-e2e: interrupted" >&2; exit 130' INT TERM
+trap 'echo "lambda-e2e: interrupted" >&2; echo "$passed passed, $((failed + 1)) failed"; exit 130' INT TERM
 # A watchdog bounds the whole run: on expiry it interrupts this script.
 setsid bash -c "sleep $deadline; echo 'lambda-e2e: over ${deadline}s, giving up' >&2; kill -TERM $$" &
 watchdog=$!
