@@ -30,10 +30,21 @@ fi
 
 [ "${1:-}" = test ] || exit 0
 
-# Python tools for the tests, in a project-local virtualenv.
-tools=('moto[server]')
-if [ ! -x .venv/bin/moto_server ]; then
-  python3 -m venv --help >/dev/null 2>&1 || apt_install python3 python3-venv python3-pip
-  python3 -m venv .venv
+command -v redis-cli >/dev/null || apt_install redis-tools
+
+# Python tools for the tests, pinned, in a project-local virtualenv whose
+# bin/ scripts/test.sh puts first on PATH (Debian's python3 refuses
+# system-wide pip installs): moto's server (Secrets Manager emulator),
+# cfn-lint (template.yaml) and cargo-lambda (Lambda runtime API emulator).
+tools=('moto[server]==5.2.1' 'cfn-lint==1.51.0' 'cargo-lambda==1.9.2')
+if [ ! -x .venv/bin/moto_server ] || [ ! -x .venv/bin/cfn-lint ] || [ ! -x .venv/bin/cargo-lambda ]; then
+  command -v python3 >/dev/null || apt_install python3 python3-venv
+  if ! python3 -m venv .venv >/dev/null 2>&1; then
+    # Debian ships venv's pip bootstrap separately.
+    apt_install python3-venv
+    rm -rf .venv
+    python3 -m venv .venv
+  fi
+  echo "installing ${tools[*]} into .venv (pip)" >&2
   .venv/bin/pip install --quiet --disable-pip-version-check "${tools[@]}"
 fi

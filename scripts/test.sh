@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One command to check everything: installs what the tests need, then
-# formatting, lints and the whole test suite (real redis-server processes and
-# a local Secrets Manager emulator, started by the tests on free loopback ports).
+# formatting, lints, the whole test suite (real redis-server processes and a
+# local Secrets Manager emulator, started by the tests on free loopback
+# ports), cfn-lint of the SAM template and the Lambda end-to-end test under
+# cargo-lambda's runtime API emulator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh test
@@ -9,3 +11,6 @@ export PATH="$PWD/.venv/bin:$PATH"
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --all-targets --locked
+cfn-lint template.yaml
+echo "cfn-lint: template.yaml clean"
+bash scripts/lambda-e2e.sh

@@ -3,6 +3,10 @@
 //!
 //! Module map, outside in:
 //!
+//! * [`lambda`]: the Lambda function: sorts each event into HTTP (to
+//!   [`distribution`]), the scheduled health check or an error.
+//! * [`scheduled`]: the EventBridge health check: readiness, prune,
+//!   inventory as CloudWatch Embedded Metric Format lines.
 //! * [`distribution`]: the thin HTTP adapter shared by Lambda and `serve`:
 //!   routing, admission, decoding, problem mapping, health.
 //! * [`httpapi`]: request ids, RFC 9457 problems, JSON responses.
@@ -20,8 +24,10 @@ pub mod config;
 pub mod distribution;
 pub mod extraction;
 pub mod httpapi;
+pub mod lambda;
 pub mod local;
 pub mod pool;
+pub mod scheduled;
 pub mod secrets;
 pub mod security;
 pub mod server;

@@ -1,20 +1,22 @@
 //! The AWS Lambda entrypoint: builds the shared clients once per cold start
 //! (configuration, Secrets Manager, Redis connection, client registry), then
-//! serves API Gateway events with [`proxy_pool::distribution::handle`].
+//! serves every invocation with [`proxy_pool::lambda::Function`]: API
+//! Gateway events through [`proxy_pool::distribution::handle`], and the
+//! EventBridge scheduled health check.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use lambda_http::{Error, service_fn};
+use lambda_runtime::{Error, service_fn};
 use proxy_pool::config::Config;
-use proxy_pool::distribution::{App, handle};
+use proxy_pool::distribution::App;
+use proxy_pool::lambda::Function;
 use proxy_pool::pool::RedisPool;
 use proxy_pool::secrets::{RegistrySource, SecretStore, redis_url_from_secret, start_registry};
 use proxy_pool::security::{Guard, RegistryHandle};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    proxy_pool::telemetry::init(true);
+    proxy_pool::telemetry::init(proxy_pool::telemetry::lambda_wants_json());
     let config = Config::from_env()?;
     let store = if config.clients_secret_id.is_some() || config.redis_secret_id.is_some() {
         Some(SecretStore::from_env().await)
@@ -46,10 +48,11 @@ async fn main() -> Result<(), Error> {
     };
     let pool = RedisPool::new(&url, config.redis_timeout)?;
     let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
-    let app = Arc::new(App::new(&config, pool, Arc::new(guard)));
-    lambda_http::run(service_fn(move |request| {
-        let app = app.clone();
-        async move { Ok::<_, Infallible>(handle(&app, request).await) }
+    let app = Arc::new(App::new(&config, pool.clone(), Arc::new(guard)));
+    let function = Arc::new(Function::new(app, pool, &config));
+    lambda_runtime::run(service_fn(move |event| {
+        let function = function.clone();
+        async move { function.invoke(event).await }
     }))
     .await
 }

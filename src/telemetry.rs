@@ -15,3 +15,38 @@ pub fn init(json: bool) {
         builder.try_init()
     };
 }
+
+/// Whether the Lambda binary should log JSON: as Lambda's own
+/// `AWS_LAMBDA_LOG_FORMAT` says (`JSON` or `Text`, set by the function's
+/// logging configuration), else JSON unless stderr is a terminal, so
+/// CloudWatch gets JSON and a developer running `cargo lambda watch` reads text.
+pub fn lambda_wants_json() -> bool {
+    use std::io::IsTerminal;
+    wants_json(
+        std::env::var("AWS_LAMBDA_LOG_FORMAT").ok().as_deref(),
+        std::io::stderr().is_terminal(),
+    )
+}
+
+fn wants_json(log_format: Option<&str>, stderr_is_terminal: bool) -> bool {
+    match log_format {
+        Some(f) if f.eq_ignore_ascii_case("json") => true,
+        Some(f) if f.eq_ignore_ascii_case("text") => false,
+        _ => !stderr_is_terminal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wants_json;
+
+    /// Lambda's log format setting wins; without it a terminal gets text.
+    #[test]
+    fn picks_the_log_format() {
+        assert!(wants_json(Some("JSON"), true));
+        assert!(!wants_json(Some("Text"), false));
+        assert!(wants_json(None, false));
+        assert!(!wants_json(None, true));
+        assert!(wants_json(Some("other"), false));
+    }
+}

@@ -59,6 +59,16 @@ enum Command {
         /// The JSON Lines file, or `-` for standard input.
         file: String,
     },
+    /// Add (or refresh) the demo pool `serve` starts with: synthetic proxies on
+    /// TEST-NET addresses, the pool `events/README.md` documents outcomes for.
+    LoadDemo {
+        /// Redis holding the pool.
+        #[arg(long, env = "PROXY_POOL_REDIS_URL", hide_env_values = true)]
+        redis_url: String,
+        /// Demo proxies to load.
+        #[arg(long, default_value_t = 300)]
+        size: usize,
+    },
 }
 
 #[tokio::main]
@@ -77,6 +87,7 @@ async fn main() -> ExitCode {
             basic_user,
         } => hash_credential(generate, basic_user),
         Command::Load { redis_url, file } => load(&redis_url, &file).await,
+        Command::LoadDemo { redis_url, size } => load_demo(&redis_url, size).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -238,6 +249,20 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
     eprintln!("proxy-pool serve: shutting down, finishing open requests");
+}
+
+async fn load_demo(redis_url: &str, size: usize) -> CliResult {
+    let config = Config::from_env()?;
+    let pool = RedisPool::new(redis_url, config.redis_timeout)?;
+    let statuses = pool.upsert(&demo_proxies(size, now_ms())).await?;
+    let count = |want: UpsertStatus| statuses.iter().filter(|s| **s == want).count();
+    let added = count(UpsertStatus::Added);
+    let refreshed = count(UpsertStatus::Refreshed);
+    println!(
+        "demo pool: added {added}, refreshed {refreshed}, refused {} (extracted in their current TTL life)",
+        statuses.len() - added - refreshed
+    );
+    Ok(())
 }
 
 /// Lines parsed per upsert round trip.

@@ -1,5 +1,6 @@
 //! The Redis TTL activity pool: key layout, Lua scripts and the adapter
-//! that runs them.
+//! that runs them (`redis_pool`), plus the upkeep the scheduled health check
+//! runs: pruning and inventory (`maintenance`).
 //!
 //! | key | type | contents | TTL |
 //! |---|---|---|---|
@@ -11,9 +12,11 @@
 //! | `{pp}:rl:global`, `{pp}:rl:client:<sha256>` | STRING | GCRA arrival time | until the bucket is full |
 
 pub mod keys;
+mod maintenance;
 mod new_proxy;
 mod redis_pool;
 
+pub use maintenance::{BucketInventory, Inventory, MAX_PRUNE_BATCH, PruneReport};
 pub use new_proxy::{NewProxy, UpsertStatus};
 pub use redis_pool::{
     Admission, ExtractionOutcome, ExtractionQuery, IdempotencyScope, PoolError, RedisPool,

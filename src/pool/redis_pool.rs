@@ -292,7 +292,7 @@ impl RedisPool {
         self.conn.clone()
     }
 
-    async fn invoke<T: FromRedisValue>(
+    pub(super) async fn invoke<T: FromRedisValue>(
         &self,
         inv: &ScriptInvocation<'_>,
         retry_on_drop: bool,
@@ -322,7 +322,7 @@ impl RedisPool {
     }
 
     /// Bounds `op` by the configured timeout (reconnect back-off included).
-    async fn bounded<T>(
+    pub(super) async fn bounded<T>(
         &self,
         op: impl Future<Output = Result<T, PoolError>>,
     ) -> Result<T, PoolError> {

@@ -1,0 +1,270 @@
+//! The scheduled health check, run when EventBridge invokes the function on
+//! its schedule: readiness ping (which also loads the extraction script),
+//! loading the maintenance scripts, pruning expired proxies, and the
+//! eligible inventory by upstream, protocol and region, reported as
+//! CloudWatch Embedded Metric Format (EMF) lines and as a JSON summary.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::pool::{PoolError, PruneReport, RedisPool};
+
+/// CloudWatch namespace of every metric the health check emits.
+pub const METRICS_NAMESPACE: &str = "ProxyPool";
+/// Expired proxies removed per prune script call.
+const PRUNE_BATCH: u32 = 500;
+/// Prune calls per run: bounds one run to 10 000 removals; the next run goes on.
+const PRUNE_MAX_BATCHES: u32 = 20;
+/// EMF dimension value for an empty region (CloudWatch refuses empty values).
+const UNKNOWN: &str = "unknown";
+/// EMF `Function` dimension outside Lambda, where there is no function name.
+const LOCAL_FUNCTION: &str = "local";
+
+/// The JSON summary one health check returns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheckReport {
+    /// Redis answered and every script is loaded (a failed check is an error instead).
+    pub ready: bool,
+    /// Redis clock when the inventory was counted, Unix ms.
+    pub checked_at: i64,
+    /// What the prune removed.
+    pub pruned: PruneReport,
+    /// Sum of `inventory[].eligible`.
+    pub eligible_total: u64,
+    /// Eligible proxies by upstream, protocol and region (carriers summed), sorted.
+    pub inventory: Vec<InventoryLine>,
+    /// Wall time of the whole check.
+    pub duration_ms: u64,
+}
+
+/// Eligible proxies of one (upstream, protocol, region).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryLine {
+    /// Upstream provider.
+    pub upstream: String,
+    /// `http`, `https` or `socks5`.
+    pub protocol: String,
+    /// Region, "" when unknown.
+    pub region: String,
+    /// Index entries with at least minRemainingTTL left (an upper bound: health
+    /// age, safety margin and ownership are re-checked at extraction).
+    pub eligible: u64,
+}
+
+/// Runs one health check against `pool`. Any Redis failure ends it with that
+/// error: a half-done check is not reported as a success.
+pub async fn run(
+    pool: &RedisPool,
+    min_remaining_ttl: Duration,
+) -> Result<HealthCheckReport, PoolError> {
+    let started = Instant::now();
+    pool.ping().await?;
+    pool.load_maintenance_scripts().await?;
+    let pruned = pool.prune_expired(PRUNE_BATCH, PRUNE_MAX_BATCHES).await?;
+    let inventory = pool.inventory(min_remaining_ttl).await?;
+    let checked_at = inventory.at_ms;
+
+    let mut by_dimensions: BTreeMap<(String, String, String), u64> = BTreeMap::new();
+    for b in inventory.buckets {
+        *by_dimensions
+            .entry((b.upstream, b.protocol, b.region))
+            .or_default() += b.eligible;
+    }
+    let inventory: Vec<InventoryLine> = by_dimensions
+        .into_iter()
+        .map(|((upstream, protocol, region), eligible)| InventoryLine {
+            upstream,
+            protocol,
+            region,
+            eligible,
+        })
+        .collect();
+    Ok(HealthCheckReport {
+        ready: true,
+        checked_at,
+        pruned,
+        eligible_total: inventory.iter().map(|l| l.eligible).sum(),
+        inventory,
+        duration_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// EMF lines for a successful check: one `EligibleProxies` line per
+/// (upstream, protocol, region) and one summary line, all dimensioned by
+/// `function` so several deployments can share the namespace.
+pub fn metric_lines(report: &HealthCheckReport, function: &str, timestamp_ms: i64) -> Vec<String> {
+    let function = function_dimension(function);
+    let mut lines = Vec::with_capacity(report.inventory.len() + 1);
+    for line in &report.inventory {
+        let region = if line.region.is_empty() {
+            UNKNOWN
+        } else {
+            &line.region
+        };
+        lines.push(emf(
+            timestamp_ms,
+            &["Function", "Upstream", "Protocol", "Region"],
+            &[("EligibleProxies", "Count")],
+            json!({
+                "Function": function,
+                "Upstream": line.upstream,
+                "Protocol": line.protocol,
+                "Region": region,
+                "EligibleProxies": line.eligible,
+            }),
+        ));
+    }
+    lines.push(emf(
+        timestamp_ms,
+        &["Function"],
+        &[
+            ("Ready", "Count"),
+            ("EligibleProxiesTotal", "Count"),
+            ("PrunedProxies", "Count"),
+            ("PrunedIndexEntries", "Count"),
+            ("HealthCheckDuration", "Milliseconds"),
+        ],
+        json!({
+            "Function": function,
+            "Ready": 1,
+            "EligibleProxiesTotal": report.eligible_total,
+            "PrunedProxies": report.pruned.records,
+            "PrunedIndexEntries": report.pruned.index_entries,
+            "HealthCheckDuration": report.duration_ms,
+        }),
+    ));
+    lines
+}
+
+/// The EMF line for a failed check (`Ready` = 0), so an alarm can fire on it.
+pub fn failure_metric_line(function: &str, timestamp_ms: i64) -> String {
+    let function = function_dimension(function);
+    emf(
+        timestamp_ms,
+        &["Function"],
+        &[("Ready", "Count")],
+        json!({"Function": function, "Ready": 0}),
+    )
+}
+
+/// Writes EMF lines to standard output, where the Lambda log agent picks
+/// them up (one JSON object per line, unmixed with `tracing`'s stderr).
+pub fn emit(lines: &[String]) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for line in lines {
+        let _ = writeln!(out, "{line}");
+    }
+    let _ = out.flush();
+}
+
+/// Milliseconds since the Unix epoch by this machine's clock (EMF timestamps).
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn function_dimension(function: &str) -> &str {
+    if function.is_empty() {
+        LOCAL_FUNCTION
+    } else {
+        function
+    }
+}
+
+fn emf(timestamp_ms: i64, dimensions: &[&str], metrics: &[(&str, &str)], values: Value) -> String {
+    let mut doc = values;
+    doc["_aws"] = json!({
+        "Timestamp": timestamp_ms,
+        "CloudWatchMetrics": [{
+            "Namespace": METRICS_NAMESPACE,
+            "Dimensions": [dimensions],
+            "Metrics": metrics
+                .iter()
+                .map(|(name, unit)| json!({"Name": name, "Unit": unit}))
+                .collect::<Vec<_>>(),
+        }],
+    });
+    doc.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> HealthCheckReport {
+        HealthCheckReport {
+            ready: true,
+            checked_at: 1_700_000_000_000,
+            pruned: PruneReport {
+                records: 2,
+                index_entries: 3,
+                batches: 1,
+                complete: true,
+            },
+            eligible_total: 7,
+            inventory: vec![
+                InventoryLine {
+                    upstream: "provider-a".into(),
+                    protocol: "http".into(),
+                    region: "".into(),
+                    eligible: 5,
+                },
+                InventoryLine {
+                    upstream: "provider-b".into(),
+                    protocol: "socks5".into(),
+                    region: "beijing".into(),
+                    eligible: 2,
+                },
+            ],
+            duration_ms: 4,
+        }
+    }
+
+    /// Every line is an EMF document: its directive names metrics and
+    /// dimensions that are all present as top-level members.
+    #[test]
+    fn metric_lines_are_embedded_metric_format() {
+        let lines = metric_lines(&report(), "proxy-pool-fn", 1_700_000_000_123);
+        assert_eq!(lines.len(), 3);
+        for line in &lines {
+            assert!(!line.contains('\n'));
+            let doc: Value = serde_json::from_str(line).unwrap();
+            assert_eq!(doc["_aws"]["Timestamp"], 1_700_000_000_123_i64);
+            let directive = &doc["_aws"]["CloudWatchMetrics"][0];
+            assert_eq!(directive["Namespace"], METRICS_NAMESPACE);
+            for dimension in directive["Dimensions"][0].as_array().unwrap() {
+                let name = dimension.as_str().unwrap();
+                let value = doc[name].as_str().unwrap();
+                assert!(!value.is_empty(), "{name} is empty in {line}");
+            }
+            for metric in directive["Metrics"].as_array().unwrap() {
+                assert!(doc[metric["Name"].as_str().unwrap()].is_number(), "{line}");
+            }
+            assert_eq!(doc["Function"], "proxy-pool-fn");
+        }
+        let first: Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(
+            (&first["Region"], &first["EligibleProxies"]),
+            (&json!("unknown"), &json!(5))
+        );
+        let summary: Value = serde_json::from_str(&lines[2]).unwrap();
+        assert_eq!(summary["EligibleProxiesTotal"], 7);
+        assert_eq!(summary["PrunedProxies"], 2);
+        assert_eq!(summary["PrunedIndexEntries"], 3);
+    }
+
+    /// A failed check is one line with Ready = 0; no function name becomes `local`.
+    #[test]
+    fn failure_line_reports_not_ready() {
+        let doc: Value = serde_json::from_str(&failure_metric_line("", 1)).unwrap();
+        assert_eq!(doc["Ready"], 0);
+        assert_eq!(doc["Function"], "local");
+    }
+}

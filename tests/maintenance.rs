@@ -1,0 +1,298 @@
+//! Pool upkeep against a real Redis: `lua/prune.lua`, `lua/inventory.lua`
+//! and the scheduled health check built on them.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{Harness, now_ms, proxies, proxy};
+use lambda_runtime::{Context, LambdaEvent};
+use proxy_pool::lambda::{Function, FunctionError};
+use proxy_pool::pool::{PoolError, keys};
+use proxy_pool::scheduled;
+use serde_json::{Value, json};
+
+const BUCKET: &str = "http|shanghai|telecom|provider-a";
+
+/// Writes a proxy straight into Redis, as a damaged or racing pool could hold
+/// it: record, index entry (with its bucket count) and expiry entry, each optional.
+async fn plant(h: &Harness, id: &str, region: &str, expires: i64, parts: (bool, bool, bool)) {
+    let (record, index, expiry) = parts;
+    let mut conn = h.redis().await;
+    let bucket = format!("http|{region}|telecom|provider-a");
+    let mut pipe = redis::pipe();
+    if record {
+        let rec = json!({"id": id, "protocol": "http", "host": "192.0.2.99", "port": 1,
+            "region": region, "carrier": "telecom", "upstream": "provider-a",
+            "expiresAt": expires, "usableUntil": expires, "healthOk": true,
+            "healthCheckedAt": expires - 60_000, "status": "AVAILABLE", "epoch": 0,
+            "active": 0, "reserved": 0});
+        pipe.hset(keys::PROXIES, id, rec.to_string()).ignore();
+    }
+    if index {
+        pipe.zadd(keys::AVAIL, format!("{bucket}|{expires:013}|{id}"), 0)
+            .ignore()
+            .hincr(keys::BUCKETS, &bucket, 1)
+            .ignore();
+    }
+    if expiry {
+        pipe.zadd(keys::EXPIRY, id, expires).ignore();
+    }
+    let _: () = pipe.query_async(&mut conn).await.unwrap();
+}
+
+async fn zrange(h: &Harness, key: &str) -> Vec<(String, f64)> {
+    let mut conn = h.redis().await;
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+async fn hgetall(h: &Harness, key: &str) -> BTreeMap<String, String> {
+    let mut conn = h.redis().await;
+    redis::cmd("HGETALL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// `{pp}:buckets` equals a recount of `{pp}:avail` by bucket.
+async fn assert_bucket_counts_exact(h: &Harness) {
+    let mut recount: BTreeMap<String, String> = BTreeMap::new();
+    for (member, _) in zrange(h, keys::AVAIL).await {
+        let bucket = member.rsplitn(3, '|').nth(2).unwrap().to_owned();
+        let n: u64 = recount.get(&bucket).map_or(0, |v| v.parse().unwrap());
+        recount.insert(bucket, (n + 1).to_string());
+    }
+    assert_eq!(hgetall(h, keys::BUCKETS).await, recount);
+}
+
+/// Expired records, tombstones and index entries go, dangling index entries
+/// too; live proxies, and one whose expiry entry lags its refreshed record,
+/// stay; bucket counts stay exact and a second run changes nothing.
+#[tokio::test]
+async fn prune_removes_only_what_has_expired() {
+    let h = Harness::start().await;
+    let now = now_ms();
+    h.load(&proxies("live", 4)).await;
+    h.load(&[proxy("refreshed")]).await;
+    plant(&h, "gone-1", "shanghai", now - 5_000, (true, true, true)).await;
+    plant(&h, "gone-2", "shanghai", now - 4_000, (true, true, true)).await;
+    plant(&h, "gone-bj", "beijing", now - 3_000, (true, true, true)).await;
+    plant(&h, "ghost", "shanghai", now - 2_000, (false, true, false)).await;
+    let mut conn = h.redis().await;
+    let tombstone = json!({"id": "tomb", "status": "EXTRACTED", "expiresAt": now - 1_000});
+    let _: () = redis::pipe()
+        .hset(keys::PROXIES, "tomb", tombstone.to_string())
+        .ignore()
+        .zadd(keys::EXPIRY, "tomb", now - 1_000)
+        .ignore()
+        // The record was refreshed but its expiry entry says it is over.
+        .zadd(keys::EXPIRY, "refreshed", now - 1_000)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let report = h.pool.prune_expired(500, 5).await.unwrap();
+    assert_eq!(
+        report.records, 4,
+        "gone-1, gone-2, gone-bj, tomb: {report:?}"
+    );
+    assert_eq!(report.index_entries, 4, "gone-1, gone-2, gone-bj, ghost");
+    assert!(report.complete);
+    assert_eq!(report.batches, 1);
+
+    let records = hgetall(&h, keys::PROXIES).await;
+    let mut ids: Vec<&str> = records.keys().map(String::as_str).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [
+            "live-0000",
+            "live-0001",
+            "live-0002",
+            "live-0003",
+            "refreshed"
+        ]
+    );
+    let expiry = zrange(&h, keys::EXPIRY).await;
+    assert_eq!(expiry.len(), 5);
+    assert!(expiry.iter().all(|(_, at)| *at > now as f64));
+    let refreshed: Value = serde_json::from_str(&records["refreshed"]).unwrap();
+    let score = expiry.iter().find(|(id, _)| id == "refreshed").unwrap().1;
+    assert_eq!(score as i64, refreshed["expiresAt"].as_i64().unwrap());
+    assert_bucket_counts_exact(&h).await;
+    assert!(
+        !hgetall(&h, keys::BUCKETS)
+            .await
+            .contains_key("http|beijing|telecom|provider-a")
+    );
+
+    let before = h.snapshot().await;
+    let again = h.pool.prune_expired(500, 5).await.unwrap();
+    assert_eq!((again.records, again.index_entries), (0, 0));
+    assert_eq!(h.snapshot().await, before);
+
+    let r = h.extract(r#"{"count":100}"#, &[]).await;
+    assert_eq!(r.ids().len(), 5, "every live proxy is still eligible");
+}
+
+/// One run does at most `max_batches` calls of `batch` entries and says when
+/// it stopped early; the next run finishes the job.
+#[tokio::test]
+async fn prune_is_bounded_per_call() {
+    let h = Harness::start().await;
+    let now = now_ms();
+    h.load(&proxies("live", 2)).await;
+    for i in 0..25 {
+        let expires = now - 100_000 + i * 1_000;
+        plant(
+            &h,
+            &format!("old-{i:02}"),
+            "shanghai",
+            expires,
+            (true, true, true),
+        )
+        .await;
+    }
+    let first = h.pool.prune_expired(10, 2).await.unwrap();
+    assert_eq!(
+        (first.batches, first.records, first.complete),
+        (2, 20, false)
+    );
+    let rest = h.pool.prune_expired(10, 10).await.unwrap();
+    assert_eq!(rest.records, 5);
+    assert!(rest.complete);
+    assert_eq!(first.index_entries + rest.index_entries, 25);
+    assert_eq!(zrange(&h, keys::AVAIL).await.len(), 2);
+    assert_bucket_counts_exact(&h).await;
+}
+
+/// Per bucket, inventory counts the index entries with at least
+/// minRemainingTTL left, the range extraction starts from.
+#[tokio::test]
+async fn inventory_counts_what_extraction_could_take() {
+    let h = Harness::start().await;
+    let now = now_ms();
+    let mut batch = proxies("a", 3);
+    let mut short = proxy("short");
+    short.expires_at = now + 10_000; // below the 30 s minimum remaining TTL
+    short.usable_until = short.expires_at;
+    let mut stale = proxy("stale");
+    stale.health_checked_at = now - 3_600_000;
+    batch.extend([short, stale]);
+    for i in 0..2 {
+        let mut p = proxy(&format!("s{i}"));
+        p.protocol = "socks5".into();
+        p.region = "beijing".into();
+        batch.push(p);
+    }
+    h.load(&batch).await;
+
+    let inventory = h.pool.inventory(Duration::from_secs(30)).await.unwrap();
+    assert!((inventory.at_ms - now).abs() < 60_000);
+    let counts: Vec<(String, u64, u64)> = inventory
+        .buckets
+        .iter()
+        .map(|b| {
+            let name = format!("{}|{}|{}|{}", b.protocol, b.region, b.carrier, b.upstream);
+            (name, b.eligible, b.indexed)
+        })
+        .collect();
+    // The stale-health proxy is counted: the figure is an upper bound, as documented.
+    assert_eq!(
+        counts,
+        [
+            (BUCKET.to_owned(), 4, 5),
+            ("socks5|beijing|telecom|provider-a".to_owned(), 2, 2),
+        ]
+    );
+
+    let r = h
+        .extract(r#"{"count":1,"filters":{"protocols":["http"]}}"#, &[])
+        .await;
+    assert_eq!(r.ids(), ["a-0000"]);
+    let after = h.pool.inventory(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        (after.buckets[0].eligible, after.buckets[0].indexed),
+        (3, 4)
+    );
+}
+
+/// The scheduled check prunes, then reports the inventory by upstream,
+/// protocol and region, and its EMF lines carry the same numbers.
+#[tokio::test]
+async fn scheduled_check_prunes_and_reports() {
+    let h = Harness::start().await;
+    let now = now_ms();
+    h.load(&proxies("live", 3)).await;
+    let mut other = proxy("b-1");
+    other.upstream = "provider-b".into();
+    h.load(&[other]).await;
+    plant(&h, "gone", "shanghai", now - 1_000, (true, true, true)).await;
+
+    let report = scheduled::run(&h.pool, h.config.min_remaining_ttl)
+        .await
+        .unwrap();
+    assert!(report.ready);
+    assert_eq!((report.pruned.records, report.pruned.index_entries), (1, 1));
+    assert_eq!(report.eligible_total, 4);
+    let lines: Vec<(&str, &str, &str, u64)> = report
+        .inventory
+        .iter()
+        .map(|l| {
+            (
+                l.upstream.as_str(),
+                l.protocol.as_str(),
+                l.region.as_str(),
+                l.eligible,
+            )
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("provider-a", "http", "shanghai", 3),
+            ("provider-b", "http", "shanghai", 1)
+        ]
+    );
+
+    let emf: Vec<Value> = scheduled::metric_lines(&report, "fn", now)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(emf.len(), 3);
+    assert_eq!(emf[0]["Upstream"], "provider-a");
+    assert_eq!(emf[0]["EligibleProxies"], 3);
+    assert_eq!(emf[2]["EligibleProxiesTotal"], 4);
+    assert_eq!(emf[2]["PrunedProxies"], 1);
+    assert_eq!(emf[2]["Ready"], 1);
+}
+
+/// Redis down: the check fails as a whole (503-class error), and through the
+/// function the scheduled invocation is an error result, not a summary.
+#[tokio::test]
+async fn scheduled_check_fails_when_redis_is_down() {
+    let mut h = Harness::with_config(|c| c.redis_timeout = Duration::from_millis(300)).await;
+    h.redis.stop().await;
+    let err = scheduled::run(&h.pool, h.config.min_remaining_ttl)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PoolError::Unavailable(_)), "{err}");
+
+    let function = Function::new(h.app.clone(), h.pool.clone(), &h.config);
+    let event = json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
+    let err = function
+        .invoke(LambdaEvent::new(event, Context::default()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, FunctionError::HealthCheck(_)), "{err}");
+}
