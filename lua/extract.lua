@@ -20,7 +20,8 @@
 --                             {"requestId","requested","extractedAt"(ms),"proxies":[records]}
 --   {"replay", result}        KEYS[4] held the same digest: nothing was extracted
 --   {"conflict"}              KEYS[4] held another digest: nothing was extracted
---   {"insufficient", M}       allOrNothing could not be met; M = eligible - reserve
+--   {"insufficient", M, now} allOrNothing could not be met; M = eligible - reserve,
+--                             now the Redis clock it was decided at (ms)
 --
 -- Every read and check happens before the first write, so an error can never
 -- leave a partial removal. The cost is O(log N) per bucket visited plus the
@@ -202,7 +203,7 @@ end
 local available = math.max(0, #eligible - reserve)
 local take = math.min(count, available)
 if all_or_nothing and take < count then
-  return {'insufficient', tostring(available)}
+  return {'insufficient', tostring(available), tostring(now)}
 end
 
 -- 5. Writes: nothing below can fail.

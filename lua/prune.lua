@@ -5,6 +5,7 @@
 -- KEYS[2]: {pp}:buckets  HASH bucket -> number of members of KEYS[1] in that bucket
 -- KEYS[3]: {pp}:proxies  HASH id -> proxy record (JSON) or tombstone
 -- KEYS[4]: {pp}:expiry   ZSET id -> expiresAt ms
+-- KEYS[5]: {pp}:held     HASH id -> Worker id (an expired proxy is held by no one)
 -- ARGV[1]: batch, the most expiry entries and the most index entries examined (1..1000)
 -- Returns: {records, index, more}
 --   records  expired entries removed from KEYS[4], each with its record or
@@ -24,7 +25,7 @@
 -- Every read and decision happens before the first write. The cost is
 -- O(log N) per bucket plus the entries examined, never the pool's size.
 
-local avail, buckets, proxies, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local avail, buckets, proxies, expiry, held = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local batch = tonumber(ARGV[1])
 
 local t = redis.call('TIME')
@@ -78,6 +79,12 @@ for i = 1, #bucket_list, 2 do
   for _, member in ipairs(stale) do unindex[member] = bucket end
 end
 
+-- HDEL below must not fail on a damaged key.
+local held_type = redis.call('TYPE', held)['ok']
+if held_type ~= 'none' and held_type ~= 'hash' then
+  return redis.error_reply('ERR damaged pool: wrong key type')
+end
+
 -- 3. Writes: nothing below can fail.
 local removed, index_removed = {}, 0
 for member, bucket in pairs(unindex) do
@@ -93,6 +100,7 @@ end
 if #delete > 0 then
   redis.call('HDEL', proxies, unpack(delete))
   redis.call('ZREM', expiry, unpack(delete))
+  redis.call('HDEL', held, unpack(delete))
 end
 for _, r in ipairs(resync) do
   redis.call('ZADD', expiry, r[2], r[1])

@@ -8,7 +8,8 @@
 -- ARGV[i]: one proxy per argument, JSON: {id, protocol, host, port, username,
 --          password, region, carrier, upstream, expiresAt, usableUntil,
 --          healthOk, healthCheckedAt} (times in ms, already validated)
--- Returns: one status per ARGV, in order: "added", "refreshed",
+-- Returns: the Redis clock (ms) the call ran at, then one status per ARGV,
+--          in order: "added", "refreshed",
 --          "extracted" (refused: a proxy handed to a client never comes back
 --          before the expiry it was handed out with) or "expired" (refused:
 --          usableUntil already passed).
@@ -98,4 +99,5 @@ if latest > 0 then
     if at ~= -2 and at < latest then redis.call('PEXPIREAT', key, latest) end
   end
 end
+table.insert(statuses, 1, now)
 return statuses

@@ -35,6 +35,8 @@ pub struct HealthCheckReport {
     pub pruned: PruneReport,
     /// Sum of `inventory[].eligible`.
     pub eligible_total: u64,
+    /// Proxies held by Gateway Workers (CLAIMED or DRAINING).
+    pub held_by_workers: u64,
     /// Eligible proxies by upstream, protocol and region (carriers summed), sorted.
     pub inventory: Vec<InventoryLine>,
     /// Wall time of the whole check.
@@ -68,6 +70,7 @@ pub async fn run(
     let pruned = pool.prune_expired(PRUNE_BATCH, PRUNE_MAX_BATCHES).await?;
     let inventory = pool.inventory(min_remaining_ttl).await?;
     let checked_at = inventory.at_ms;
+    let held_by_workers = inventory.held;
 
     let mut by_dimensions: BTreeMap<(String, String, String), u64> = BTreeMap::new();
     for b in inventory.buckets {
@@ -89,6 +92,7 @@ pub async fn run(
         checked_at,
         pruned,
         eligible_total: inventory.iter().map(|l| l.eligible).sum(),
+        held_by_workers,
         inventory,
         duration_ms: started.elapsed().as_millis() as u64,
     })
@@ -125,6 +129,7 @@ pub fn metric_lines(report: &HealthCheckReport, function: &str, timestamp_ms: i6
         &[
             ("Ready", "Count"),
             ("EligibleProxiesTotal", "Count"),
+            ("HeldByWorkers", "Count"),
             ("PrunedProxies", "Count"),
             ("PrunedIndexEntries", "Count"),
             ("HealthCheckDuration", "Milliseconds"),
@@ -133,6 +138,7 @@ pub fn metric_lines(report: &HealthCheckReport, function: &str, timestamp_ms: i6
             "Function": function,
             "Ready": 1,
             "EligibleProxiesTotal": report.eligible_total,
+            "HeldByWorkers": report.held_by_workers,
             "PrunedProxies": report.pruned.records,
             "PrunedIndexEntries": report.pruned.index_entries,
             "HealthCheckDuration": report.duration_ms,
@@ -209,6 +215,7 @@ mod tests {
                 complete: true,
             },
             eligible_total: 7,
+            held_by_workers: 1,
             inventory: vec![
                 InventoryLine {
                     upstream: "provider-a".into(),

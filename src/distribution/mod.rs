@@ -247,7 +247,7 @@ async fn admitted(
             Ok(response)
         }
         ExtractionOutcome::KeyReused => Err(Problem::idempotency_key_reused()),
-        ExtractionOutcome::Insufficient { available } => {
+        ExtractionOutcome::Insufficient { available, .. } => {
             log.returned = Some(0);
             Err(Problem::insufficient_proxies(decoded.count, available))
         }

@@ -14,6 +14,8 @@ pub const AVAIL: &str = "{pp}:avail";
 pub const BUCKETS: &str = "{pp}:buckets";
 /// `HASH` proxy id -> record (JSON), or a credential-free tombstone once extracted.
 pub const PROXIES: &str = "{pp}:proxies";
+/// `HASH` proxy id -> Worker id, for proxies CLAIMED or DRAINING.
+pub const HELD: &str = "{pp}:held";
 /// `ZSET` proxy id -> expiresAt ms, for pruning expired records.
 pub const EXPIRY: &str = "{pp}:expiry";
 

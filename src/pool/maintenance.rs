@@ -59,6 +59,8 @@ pub struct Inventory {
     pub at_ms: i64,
     /// One entry per bucket, sorted.
     pub buckets: Vec<BucketInventory>,
+    /// Proxies held by Workers (CLAIMED or DRAINING).
+    pub held: u64,
 }
 
 impl RedisPool {
@@ -93,6 +95,7 @@ impl RedisPool {
                 .key(keys::BUCKETS)
                 .key(keys::PROXIES)
                 .key(keys::EXPIRY)
+                .key(keys::HELD)
                 .arg(batch);
             // Repeating a prune after a dropped connection removes nothing twice.
             let (records, index_entries, more): (u64, u64, u8) = self.invoke(&inv, true).await?;
@@ -112,8 +115,10 @@ impl RedisPool {
         let mut inv = INVENTORY.prepare_invoke();
         inv.key(keys::AVAIL)
             .key(keys::BUCKETS)
+            .key(keys::HELD)
             .arg(min_remaining_ttl.as_millis() as u64);
-        let (at_ms, rows): (i64, Vec<(String, u64, u64)>) = self.invoke(&inv, true).await?;
+        let (at_ms, rows, held): (i64, Vec<(String, u64, u64)>, u64) =
+            self.invoke(&inv, true).await?;
         let mut buckets = Vec::with_capacity(rows.len());
         for (bucket, eligible, indexed) in rows {
             let mut parts = bucket.split('|');
@@ -145,6 +150,10 @@ impl RedisPool {
                 &b.carrier,
             ))
         });
-        Ok(Inventory { at_ms, buckets })
+        Ok(Inventory {
+            at_ms,
+            buckets,
+            held,
+        })
     }
 }

@@ -19,7 +19,7 @@ use crate::extraction::{CommittedExtraction, Filters, Fulfillment};
 /// is found (and replaced) by a command that is safe to repeat.
 const IDLE_PING_AFTER: Duration = Duration::from_secs(30);
 /// Proxies sent to `lua/upsert.lua` per call.
-const UPSERT_BATCH: usize = 500;
+pub const UPSERT_BATCH: usize = 500;
 
 /// Why the pool could not answer. Messages carry Redis error kinds and codes,
 /// never Redis error text or topology.
@@ -109,6 +109,8 @@ pub enum ExtractionOutcome {
     Insufficient {
         /// What could have been handed out.
         available: u64,
+        /// The Redis clock it was decided at, Unix ms.
+        at_ms: i64,
     },
 }
 
@@ -228,8 +230,9 @@ impl RedisPool {
             [tag, json] if tag == "ok" => Ok(ExtractionOutcome::Committed(committed(json)?)),
             [tag, json] if tag == "replay" => Ok(ExtractionOutcome::Replayed(committed(json)?)),
             [tag] if tag == "conflict" => Ok(ExtractionOutcome::KeyReused),
-            [tag, n] if tag == "insufficient" => Ok(ExtractionOutcome::Insufficient {
+            [tag, n, at] if tag == "insufficient" => Ok(ExtractionOutcome::Insufficient {
                 available: n.parse().unwrap_or(0),
+                at_ms: at.parse().unwrap_or(0),
             }),
             _ => Err(PoolError::Internal("unexpected extract reply".into())),
         }
@@ -240,26 +243,39 @@ impl RedisPool {
     pub async fn upsert(&self, proxies: &[NewProxy]) -> Result<Vec<UpsertStatus>, PoolError> {
         let mut statuses = Vec::with_capacity(proxies.len());
         for batch in proxies.chunks(UPSERT_BATCH) {
-            let mut inv = self.scripts.upsert.prepare_invoke();
-            inv.key(keys::AVAIL)
-                .key(keys::BUCKETS)
-                .key(keys::PROXIES)
-                .key(keys::EXPIRY);
-            for p in batch {
-                inv.arg(p.to_script_arg());
-            }
-            let reply: Vec<String> = self.invoke(&inv, true).await?;
-            if reply.len() != batch.len() {
-                return Err(PoolError::Internal("unexpected upsert reply".into()));
-            }
-            for word in &reply {
-                statuses.push(
-                    UpsertStatus::parse(word)
-                        .ok_or_else(|| PoolError::Internal("unexpected upsert status".into()))?,
-                );
-            }
+            statuses.extend(self.upsert_batch(batch).await?.0);
         }
         Ok(statuses)
+    }
+
+    /// One `lua/upsert.lua` call (at most [`UPSERT_BATCH`] proxies): the
+    /// statuses and the Redis clock they were decided at, Unix ms.
+    pub async fn upsert_batch(
+        &self,
+        batch: &[NewProxy],
+    ) -> Result<(Vec<UpsertStatus>, i64), PoolError> {
+        if batch.is_empty() || batch.len() > UPSERT_BATCH {
+            return Err(PoolError::Internal("upsert batch size out of range".into()));
+        }
+        let mut inv = self.scripts.upsert.prepare_invoke();
+        inv.key(keys::AVAIL)
+            .key(keys::BUCKETS)
+            .key(keys::PROXIES)
+            .key(keys::EXPIRY);
+        for p in batch {
+            inv.arg(p.to_script_arg());
+        }
+        let reply: Vec<String> = self.invoke(&inv, true).await?;
+        let bad = || PoolError::Internal("unexpected upsert reply".into());
+        let (now, words) = reply.split_first().ok_or_else(bad)?;
+        if words.len() != batch.len() {
+            return Err(bad());
+        }
+        let statuses = words
+            .iter()
+            .map(|w| UpsertStatus::parse(w).ok_or_else(bad))
+            .collect::<Result<_, _>>()?;
+        Ok((statuses, now.parse().map_err(|_| bad())?))
     }
 
     /// Runs `lua/ratelimit.lua` over `limits` (key, ms per request, burst):

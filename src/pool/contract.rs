@@ -1,0 +1,229 @@
+//! The pool contract the Controller, health checker and Gateway Workers use
+//! (`lua/contract.lua`): health results and Worker ownership with fencing
+//! epochs. Each operation is one atomic script call.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+
+use super::keys;
+use super::redis_pool::{PoolError, RedisPool};
+
+static CONTRACT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/contract.lua")));
+
+/// One operation on one proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContractOp {
+    /// Record a health check result; `checked_at` defaults to the Redis clock.
+    Health {
+        /// Proxy id.
+        id: String,
+        /// Whether the check passed.
+        ok: bool,
+        /// When it ran, Unix ms.
+        checked_at: Option<i64>,
+    },
+    /// A Worker takes an allocatable, eligible proxy out of the pool.
+    Claim {
+        /// Proxy id.
+        id: String,
+        /// Worker id.
+        worker: String,
+        /// The Gateway's minimum remaining TTL.
+        min_remaining_ttl: Duration,
+        /// The Gateway's oldest acceptable health check.
+        max_health_check_age: Duration,
+    },
+    /// The Controller publishes DRAINING for the holder it names.
+    Drain {
+        /// Proxy id.
+        id: String,
+        /// The holder, as the caller believes.
+        worker: String,
+        /// The holder's epoch, as the caller believes.
+        epoch: u64,
+    },
+    /// The Worker reports its Active and Reserved use of a DRAINING proxy.
+    Ack {
+        /// Proxy id.
+        id: String,
+        /// The Worker.
+        worker: String,
+        /// Its epoch.
+        epoch: u64,
+        /// Connections in use.
+        active: u32,
+        /// Connections reserved.
+        reserved: u32,
+    },
+    /// Clear the ownership of a DRAINED proxy.
+    Release {
+        /// Proxy id.
+        id: String,
+        /// The holder.
+        worker: String,
+        /// Its epoch.
+        epoch: u64,
+    },
+    /// Delete a proxy from the pool (an extracted one stays a tombstone).
+    Remove {
+        /// Proxy id.
+        id: String,
+    },
+}
+
+/// Outcome of an operation: applied, or why it was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Applied.
+    Ok,
+    /// No such proxy.
+    Unknown,
+    /// Already handed to a client.
+    Extracted,
+    /// Its TTL life is over.
+    Expired,
+    /// A health result older than the one recorded.
+    Stale,
+    /// Not allocatable and eligible right now (claim).
+    Ineligible,
+    /// The named holder or epoch is not the current one (a stale writer).
+    NotOwner,
+    /// The proxy is not in a state this operation applies to.
+    State,
+}
+
+/// The script's reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContractReply {
+    /// What happened.
+    pub verdict: Verdict,
+    /// The Redis clock the decision was taken at, Unix ms.
+    pub at_ms: i64,
+    /// The proxy's epoch afterwards (the fencing token after a claim).
+    pub epoch: u64,
+}
+
+impl Verdict {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "ok" => Self::Ok,
+            "unknown" => Self::Unknown,
+            "extracted" => Self::Extracted,
+            "expired" => Self::Expired,
+            "stale" => Self::Stale,
+            "ineligible" => Self::Ineligible,
+            "not-owner" => Self::NotOwner,
+            "state" => Self::State,
+            _ => return None,
+        })
+    }
+
+    /// The word used on the wire and by the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Unknown => "unknown",
+            Self::Extracted => "extracted",
+            Self::Expired => "expired",
+            Self::Stale => "stale",
+            Self::Ineligible => "ineligible",
+            Self::NotOwner => "not-owner",
+            Self::State => "state",
+        }
+    }
+}
+
+impl ContractOp {
+    /// The proxy the operation is about.
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Health { id, .. }
+            | Self::Claim { id, .. }
+            | Self::Drain { id, .. }
+            | Self::Ack { id, .. }
+            | Self::Release { id, .. }
+            | Self::Remove { id } => id,
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let ms = |d: &Duration| d.as_millis().to_string();
+        match self {
+            Self::Health { id, ok, checked_at } => vec![
+                "health".into(),
+                id.clone(),
+                if *ok { "1" } else { "0" }.into(),
+                checked_at.map(|t| t.to_string()).unwrap_or_default(),
+            ],
+            Self::Claim {
+                id,
+                worker,
+                min_remaining_ttl,
+                max_health_check_age,
+            } => vec![
+                "claim".into(),
+                id.clone(),
+                worker.clone(),
+                ms(min_remaining_ttl),
+                ms(max_health_check_age),
+            ],
+            Self::Drain { id, worker, epoch } => {
+                vec![
+                    "drain".into(),
+                    id.clone(),
+                    worker.clone(),
+                    epoch.to_string(),
+                ]
+            }
+            Self::Ack {
+                id,
+                worker,
+                epoch,
+                active,
+                reserved,
+            } => vec![
+                "ack".into(),
+                id.clone(),
+                worker.clone(),
+                epoch.to_string(),
+                active.to_string(),
+                reserved.to_string(),
+            ],
+            Self::Release { id, worker, epoch } => {
+                vec![
+                    "release".into(),
+                    id.clone(),
+                    worker.clone(),
+                    epoch.to_string(),
+                ]
+            }
+            Self::Remove { id } => vec!["remove".into(), id.clone()],
+        }
+    }
+}
+
+impl RedisPool {
+    /// Applies one contract operation atomically.
+    pub async fn apply(&self, op: &ContractOp) -> Result<ContractReply, PoolError> {
+        let mut inv = CONTRACT.prepare_invoke();
+        inv.key(keys::AVAIL)
+            .key(keys::BUCKETS)
+            .key(keys::PROXIES)
+            .key(keys::HELD)
+            .key(keys::EXPIRY);
+        for arg in op.args() {
+            inv.arg(arg);
+        }
+        // Not repeated after a lost reply: a claim is not idempotent.
+        let (verdict, at_ms, epoch): (String, i64, i64) = self.invoke(&inv, false).await?;
+        Ok(ContractReply {
+            verdict: Verdict::parse(&verdict)
+                .ok_or_else(|| PoolError::Internal("unexpected contract verdict".into()))?,
+            at_ms,
+            epoch: epoch.max(0) as u64,
+        })
+    }
+}

@@ -1,0 +1,530 @@
+//! The in-memory reference model of the pool: every operation of the Lua
+//! scripts (`upsert`, `extract`, the contract), written plainly over ordered
+//! maps, with the clock passed in. It is not a store anyone serves from: the
+//! differential property test (`tests/model.rs`) runs random operation
+//! sequences against it and the real scripts and requires identical results
+//! and identical pool state ([`PoolState`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::contract::{ContractOp, ContractReply, Verdict};
+use super::keys;
+use super::new_proxy::{NewProxy, UpsertStatus};
+use super::redis_pool::{ExtractionOutcome, ExtractionQuery, PoolError, RedisPool};
+use crate::extraction::{CommittedExtraction, Fulfillment, PooledProxy};
+
+/// Everything the pool holds, in a comparable form.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolState {
+    /// `{pp}:proxies`: id -> record or tombstone, as JSON.
+    pub records: BTreeMap<String, Value>,
+    /// `{pp}:avail` members.
+    pub index: BTreeSet<String>,
+    /// `{pp}:buckets`.
+    pub buckets: BTreeMap<String, i64>,
+    /// `{pp}:held`.
+    pub held: BTreeMap<String, String>,
+    /// `{pp}:expiry`.
+    pub expiry: BTreeMap<String, i64>,
+}
+
+impl RedisPool {
+    /// Reads the whole pool (O(pool size): for tests and debugging only).
+    pub async fn state(&self) -> Result<PoolState, PoolError> {
+        let mut conn = self.connection();
+        let records: BTreeMap<String, String> = redis::cmd("HGETALL")
+            .arg(keys::PROXIES)
+            .query_async(&mut conn)
+            .await?;
+        let index: BTreeSet<String> = redis::cmd("ZRANGE")
+            .arg(keys::AVAIL)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?;
+        let buckets: BTreeMap<String, i64> = redis::cmd("HGETALL")
+            .arg(keys::BUCKETS)
+            .query_async(&mut conn)
+            .await?;
+        let held: BTreeMap<String, String> = redis::cmd("HGETALL")
+            .arg(keys::HELD)
+            .query_async(&mut conn)
+            .await?;
+        let expiry: Vec<(String, i64)> = redis::cmd("ZRANGE")
+            .arg(keys::EXPIRY)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await?;
+        Ok(PoolState {
+            records: records
+                .into_iter()
+                .map(|(k, v)| (k, serde_json::from_str(&v).unwrap_or(Value::String(v))))
+                .collect(),
+            index,
+            buckets,
+            held,
+            expiry: expiry.into_iter().collect(),
+        })
+    }
+}
+
+/// A live proxy record, field for field as the scripts store it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Record {
+    id: String,
+    protocol: String,
+    host: String,
+    port: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    username: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    password: Option<String>,
+    region: String,
+    carrier: String,
+    upstream: String,
+    expires_at: i64,
+    usable_until: i64,
+    health_ok: bool,
+    health_checked_at: i64,
+    status: Status,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
+    epoch: u64,
+    active: u32,
+    reserved: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+enum Status {
+    Available,
+    Claimed,
+    Draining,
+    Drained,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    Live(Box<Record>),
+    /// Handed to a client: only its id and expiry remain.
+    Extracted {
+        expires_at: i64,
+    },
+}
+
+impl Record {
+    fn bucket(&self) -> String {
+        format!(
+            "{}|{}|{}|{}",
+            self.protocol, self.region, self.carrier, self.upstream
+        )
+    }
+
+    fn member(&self) -> String {
+        format!("{}|{:013}|{}", self.bucket(), self.expires_at, self.id)
+    }
+
+    /// In the allocatable index: healthy and not held.
+    fn indexed(&self) -> bool {
+        self.health_ok
+            && match self.status {
+                Status::Available => self.owner.is_none(),
+                Status::Drained => self.active == 0 && self.reserved == 0,
+                _ => false,
+            }
+    }
+
+    fn pooled(&self) -> PooledProxy {
+        PooledProxy {
+            id: self.id.clone(),
+            protocol: self.protocol.clone(),
+            host: self.host.clone(),
+            port: self.port,
+            username: self.username.clone(),
+            password: self.password.clone(),
+            region: self.region.clone(),
+            carrier: self.carrier.clone(),
+            upstream: self.upstream.clone(),
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+/// The reference model. Every operation takes the clock (Unix ms) the real
+/// script decided at.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryPool {
+    entries: BTreeMap<String, Entry>,
+    index: BTreeSet<String>,
+    buckets: BTreeMap<String, i64>,
+    held: BTreeMap<String, String>,
+    expiry: BTreeMap<String, i64>,
+    /// Idempotency records: key -> (digest, result, expires at).
+    idempotency: BTreeMap<String, (String, CommittedExtraction, i64)>,
+}
+
+impl MemoryPool {
+    /// An empty pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The pool's state, as [`RedisPool::state`] reads the real one.
+    pub fn state(&self) -> PoolState {
+        PoolState {
+            records: self
+                .entries
+                .iter()
+                .map(|(id, e)| {
+                    let v = match e {
+                        Entry::Live(r) => serde_json::to_value(r).unwrap_or(Value::Null),
+                        Entry::Extracted { expires_at } => serde_json::json!({
+                            "id": id, "status": "EXTRACTED", "expiresAt": expires_at
+                        }),
+                    };
+                    (id.clone(), v)
+                })
+                .collect(),
+            index: self.index.clone(),
+            buckets: self.buckets.clone(),
+            held: self.held.clone(),
+            expiry: self.expiry.clone(),
+        }
+    }
+
+    fn index_add(&mut self, r: &Record) -> i64 {
+        i64::from(self.index.insert(r.member()))
+    }
+
+    fn index_remove(&mut self, member: &str) -> i64 {
+        i64::from(self.index.remove(member))
+    }
+
+    fn adjust_bucket(&mut self, bucket: &str, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        let count = self.buckets.entry(bucket.to_owned()).or_insert(0);
+        *count += delta;
+        if *count <= 0 {
+            self.buckets.remove(bucket);
+        }
+    }
+
+    /// `lua/upsert.lua`.
+    pub fn upsert(&mut self, proxies: &[NewProxy], now: i64) -> Vec<UpsertStatus> {
+        let mut statuses = Vec::with_capacity(proxies.len());
+        for p in proxies {
+            let old = match self.entries.get(&p.id) {
+                Some(Entry::Extracted { expires_at }) if *expires_at > now => {
+                    statuses.push(UpsertStatus::Extracted);
+                    continue;
+                }
+                Some(Entry::Live(r)) => Some((**r).clone()),
+                _ => None,
+            };
+            if p.usable_until <= now || p.expires_at <= now {
+                statuses.push(UpsertStatus::Expired);
+                continue;
+            }
+            let mut new = Record {
+                id: p.id.clone(),
+                protocol: p.protocol.clone(),
+                host: p.host.clone(),
+                port: p.port,
+                username: p.username.clone(),
+                password: p.password.clone(),
+                region: p.region.clone(),
+                carrier: p.carrier.clone(),
+                upstream: p.upstream.clone(),
+                expires_at: p.expires_at,
+                usable_until: p.usable_until,
+                health_ok: p.health_ok,
+                health_checked_at: p.health_checked_at,
+                status: Status::Available,
+                owner: None,
+                epoch: 0,
+                active: 0,
+                reserved: 0,
+            };
+            statuses.push(match &old {
+                Some(o) => {
+                    new.status = o.status;
+                    new.owner = o.owner.clone();
+                    new.epoch = o.epoch;
+                    new.active = o.active;
+                    new.reserved = o.reserved;
+                    UpsertStatus::Refreshed
+                }
+                None => UpsertStatus::Added,
+            });
+            if let Some(o) = old.as_ref().filter(|o| o.indexed()) {
+                let n = self.index_remove(&o.member());
+                self.adjust_bucket(&o.bucket(), -n);
+            }
+            if new.indexed() {
+                let n = self.index_add(&new);
+                self.adjust_bucket(&new.bucket(), n);
+            }
+            self.expiry.insert(new.id.clone(), new.expires_at);
+            self.entries
+                .insert(new.id.clone(), Entry::Live(Box::new(new)));
+        }
+        statuses
+    }
+
+    /// `lua/extract.lua`.
+    pub fn extract(&mut self, q: &ExtractionQuery<'_>, now: i64) -> ExtractionOutcome {
+        if let Some(scope) = &q.idempotency
+            && let Some((digest, result, expires_at)) = self.idempotency.get(&scope.key)
+            && *expires_at > now
+        {
+            return if *digest == scope.digest {
+                ExtractionOutcome::Replayed(result.clone())
+            } else {
+                ExtractionOutcome::KeyReused
+            };
+        }
+        let wanted = |list: &[String], v: &str| list.is_empty() || list.iter().any(|w| w == v);
+        let matching: BTreeSet<&String> = self
+            .buckets
+            .keys()
+            .filter(|b| {
+                let parts: Vec<&str> = b.split('|').collect();
+                parts.len() == 4
+                    && wanted(&q.filters.protocols, parts[0])
+                    && wanted(&q.filters.regions, parts[1])
+                    && wanted(&q.filters.carriers, parts[2])
+                    && q.upstreams.is_none_or(|u| u.contains(parts[3]))
+            })
+            .collect();
+        let need = (q.count + q.reserve) as usize;
+        let budget = 1024 + 4 * need;
+        let min_expiry = now + q.min_remaining_ttl.as_millis() as i64;
+        let health_cutoff = now - q.max_health_check_age.as_millis() as i64;
+
+        // Candidates in the script's merge order: by "<expiry>|<id>".
+        let mut candidates: Vec<(String, &String, String, i64, String)> = Vec::new();
+        for member in &self.index {
+            let Some((bucket, rest)) = member.rsplit_once('|').and_then(|(head, id)| {
+                head.rsplit_once('|')
+                    .map(|(bucket, expiry)| (bucket, format!("{expiry}|{id}")))
+            }) else {
+                continue;
+            };
+            let Some(bucket) = matching.get(&bucket.to_owned()).copied() else {
+                continue;
+            };
+            let (expiry, id) = rest.split_once('|').unwrap_or_default();
+            let Ok(expiry_ms) = expiry.parse::<i64>() else {
+                continue;
+            };
+            if expiry_ms < min_expiry {
+                continue;
+            }
+            candidates.push((
+                rest.clone(),
+                bucket,
+                member.clone(),
+                expiry_ms,
+                id.to_owned(),
+            ));
+        }
+        candidates.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+
+        let mut eligible: Vec<(String, &String, i64, Record)> = Vec::new();
+        let mut prune: Vec<(String, &String)> = Vec::new();
+        for (examined, (_, bucket, member, expiry, id)) in candidates.into_iter().enumerate() {
+            if eligible.len() >= need || examined >= budget {
+                break;
+            }
+            match self.entries.get(&id) {
+                Some(Entry::Live(r))
+                    if r.expires_at == expiry && r.indexed() && &r.bucket() == bucket =>
+                {
+                    if r.usable_until <= now {
+                        prune.push((member, bucket));
+                    } else if r.health_checked_at >= health_cutoff {
+                        eligible.push((member, bucket, expiry, (**r).clone()));
+                    }
+                }
+                _ => prune.push((member, bucket)),
+            }
+        }
+        let available = eligible.len().saturating_sub(q.reserve as usize) as u32;
+        let take = q.count.min(available) as usize;
+        if q.fulfillment == Fulfillment::AllOrNothing && take < q.count as usize {
+            return ExtractionOutcome::Insufficient {
+                available: u64::from(available),
+                at_ms: now,
+            };
+        }
+        let mut removed: BTreeMap<String, i64> = BTreeMap::new();
+        let mut proxies = Vec::with_capacity(take);
+        for (member, bucket, expiry, record) in eligible.into_iter().take(take) {
+            *removed.entry(bucket.clone()).or_default() += i64::from(self.index.remove(&member));
+            proxies.push(record.pooled());
+            self.entries
+                .insert(record.id.clone(), Entry::Extracted { expires_at: expiry });
+        }
+        for (member, bucket) in prune {
+            *removed.entry(bucket.clone()).or_default() += i64::from(self.index.remove(&member));
+        }
+        for (bucket, n) in removed {
+            self.adjust_bucket(&bucket, -n);
+        }
+        let result = CommittedExtraction {
+            request_id: q.request_id.to_owned(),
+            requested: q.count,
+            extracted_at: now,
+            proxies,
+        };
+        if let Some(scope) = &q.idempotency {
+            self.idempotency.insert(
+                scope.key.clone(),
+                (
+                    scope.digest.clone(),
+                    result.clone(),
+                    now + scope.ttl.as_millis() as i64,
+                ),
+            );
+        }
+        ExtractionOutcome::Committed(result)
+    }
+
+    /// `lua/contract.lua`.
+    pub fn apply(&mut self, op: &ContractOp, now: i64) -> ContractReply {
+        let reply = |verdict, epoch| ContractReply {
+            verdict,
+            at_ms: now,
+            epoch,
+        };
+        let id = op.id().to_owned();
+        let mut rec = match self.entries.get(&id) {
+            None => return reply(Verdict::Unknown, 0),
+            Some(Entry::Extracted { .. }) => return reply(Verdict::Extracted, 0),
+            Some(Entry::Live(r)) => (**r).clone(),
+        };
+        let was_indexed = rec.indexed();
+        let epoch = rec.epoch;
+        if let ContractOp::Remove { .. } = op {
+            if was_indexed {
+                let n = self.index_remove(&rec.member());
+                self.adjust_bucket(&rec.bucket(), -n);
+            }
+            self.entries.remove(&id);
+            self.held.remove(&id);
+            self.expiry.remove(&id);
+            return reply(Verdict::Ok, 0);
+        }
+        if rec.expires_at <= now {
+            return reply(Verdict::Expired, epoch);
+        }
+        let holds = |rec: &Record, worker: &str, e: u64| {
+            rec.owner.as_deref() == Some(worker) && rec.epoch == e
+        };
+        match op {
+            ContractOp::Health { ok, checked_at, .. } => {
+                let at = checked_at.unwrap_or(now);
+                if at < rec.health_checked_at {
+                    return reply(Verdict::Stale, epoch);
+                }
+                rec.health_ok = *ok;
+                rec.health_checked_at = at;
+            }
+            ContractOp::Claim {
+                worker,
+                min_remaining_ttl,
+                max_health_check_age,
+                ..
+            } => {
+                let eligible = was_indexed
+                    && rec.usable_until > now
+                    && rec.expires_at - now >= min_remaining_ttl.as_millis() as i64
+                    && rec.health_checked_at >= now - max_health_check_age.as_millis() as i64;
+                if !eligible {
+                    return reply(Verdict::Ineligible, epoch);
+                }
+                rec.epoch += 1;
+                rec.status = Status::Claimed;
+                rec.owner = Some(worker.clone());
+                rec.active = 0;
+                rec.reserved = 0;
+            }
+            ContractOp::Drain {
+                worker, epoch: e, ..
+            } => {
+                if !holds(&rec, worker, *e) {
+                    return reply(Verdict::NotOwner, epoch);
+                }
+                if !matches!(rec.status, Status::Claimed | Status::Draining) {
+                    return reply(Verdict::State, epoch);
+                }
+                rec.status = Status::Draining;
+            }
+            ContractOp::Ack {
+                worker,
+                epoch: e,
+                active,
+                reserved,
+                ..
+            } => {
+                if !holds(&rec, worker, *e) {
+                    return reply(Verdict::NotOwner, epoch);
+                }
+                if !matches!(rec.status, Status::Draining | Status::Drained) {
+                    return reply(Verdict::State, epoch);
+                }
+                rec.active = *active;
+                rec.reserved = *reserved;
+                rec.status = if *active == 0 && *reserved == 0 {
+                    Status::Drained
+                } else {
+                    Status::Draining
+                };
+            }
+            ContractOp::Release {
+                worker, epoch: e, ..
+            } => {
+                if !holds(&rec, worker, *e) {
+                    return reply(Verdict::NotOwner, epoch);
+                }
+                if rec.status != Status::Drained {
+                    return reply(Verdict::State, epoch);
+                }
+                rec.epoch += 1;
+                rec.status = Status::Available;
+                rec.owner = None;
+                rec.active = 0;
+                rec.reserved = 0;
+            }
+            ContractOp::Remove { .. } => unreachable!("handled above"),
+        }
+        let now_indexed = rec.indexed();
+        if was_indexed != now_indexed {
+            let n = if now_indexed {
+                self.index_add(&rec)
+            } else {
+                -self.index_remove(&rec.member())
+            };
+            self.adjust_bucket(&rec.bucket(), n);
+        }
+        match (rec.status, &rec.owner) {
+            (Status::Claimed | Status::Draining, Some(owner)) => {
+                self.held.insert(id.clone(), owner.clone());
+            }
+            _ => {
+                self.held.remove(&id);
+            }
+        }
+        let epoch = rec.epoch;
+        self.entries.insert(id, Entry::Live(Box::new(rec)));
+        reply(Verdict::Ok, epoch)
+    }
+}

@@ -1,0 +1,356 @@
+//! The pool contract against a real Redis: Worker ownership with fencing
+//! epochs, drain, health results, removal, the exclusion of Worker claims
+//! and client extractions under concurrency, and key lifetimes.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{Harness, now_ms, proxies, proxy};
+use proxy_pool::pool::{ContractOp, RedisPool, Verdict};
+
+fn claim(id: &str, worker: &str) -> ContractOp {
+    ContractOp::Claim {
+        id: id.into(),
+        worker: worker.into(),
+        min_remaining_ttl: Duration::from_secs(30),
+        max_health_check_age: Duration::from_secs(120),
+    }
+}
+
+async fn verdict(pool: &RedisPool, op: ContractOp) -> (Verdict, u64) {
+    let r = pool.apply(&op).await.unwrap();
+    (r.verdict, r.epoch)
+}
+
+/// Claim, drain, acknowledge, release; a held proxy is never extracted, and
+/// a stale holder's late writes are refused.
+#[tokio::test]
+async fn ownership_lifecycle_with_fencing() {
+    let h = Harness::start().await;
+    h.load(&[proxy("p1")]).await;
+    let pool = &h.pool;
+    assert_eq!(verdict(pool, claim("p1", "w1")).await, (Verdict::Ok, 1));
+    assert_eq!(
+        verdict(pool, claim("p1", "w2")).await.0,
+        Verdict::Ineligible
+    );
+    assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids().len(), 0);
+
+    let drain = |worker: &str, epoch| ContractOp::Drain {
+        id: "p1".into(),
+        worker: worker.into(),
+        epoch,
+    };
+    let ack = |worker: &str, epoch, active, reserved| ContractOp::Ack {
+        id: "p1".into(),
+        worker: worker.into(),
+        epoch,
+        active,
+        reserved,
+    };
+    let release = |worker: &str, epoch| ContractOp::Release {
+        id: "p1".into(),
+        worker: worker.into(),
+        epoch,
+    };
+    // Releasing before the drain completed is refused.
+    assert_eq!(verdict(pool, release("w1", 1)).await.0, Verdict::State);
+    assert_eq!(verdict(pool, ack("w1", 1, 0, 0)).await.0, Verdict::State);
+    assert_eq!(verdict(pool, drain("w2", 1)).await.0, Verdict::NotOwner);
+    assert_eq!(verdict(pool, drain("w1", 0)).await.0, Verdict::NotOwner);
+    assert_eq!(verdict(pool, drain("w1", 1)).await.0, Verdict::Ok);
+    assert_eq!(verdict(pool, ack("w1", 1, 1, 0)).await.0, Verdict::Ok);
+    assert_eq!(
+        h.extract(r#"{"count":1}"#, &[]).await.ids().len(),
+        0,
+        "still active"
+    );
+    assert_eq!(verdict(pool, ack("w1", 1, 0, 0)).await.0, Verdict::Ok);
+    // Drained with Active = Reserved = 0: allocatable again (rule 2)...
+    let inventory = pool.inventory(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(inventory.held, 0);
+    // ...and once ownership is cleared, the old holder is fenced off.
+    assert_eq!(verdict(pool, release("w1", 1)).await, (Verdict::Ok, 2));
+    assert_eq!(verdict(pool, ack("w1", 1, 0, 0)).await.0, Verdict::NotOwner);
+    assert_eq!(verdict(pool, release("w1", 1)).await.0, Verdict::NotOwner);
+    assert_eq!(verdict(pool, claim("p1", "w2")).await, (Verdict::Ok, 3));
+    assert_eq!(verdict(pool, drain("w1", 2)).await.0, Verdict::NotOwner);
+    assert_eq!(
+        pool.inventory(Duration::from_secs(30)).await.unwrap().held,
+        1
+    );
+}
+
+/// A DRAINED proxy (Active = Reserved = 0) can be extracted; once extracted,
+/// no Worker can claim it back or write to it.
+#[tokio::test]
+async fn drained_proxies_are_extractable_and_then_gone() {
+    let h = Harness::start().await;
+    h.load(&[proxy("p1")]).await;
+    let pool = &h.pool;
+    assert_eq!(verdict(pool, claim("p1", "w1")).await.0, Verdict::Ok);
+    let drain = ContractOp::Drain {
+        id: "p1".into(),
+        worker: "w1".into(),
+        epoch: 1,
+    };
+    assert_eq!(verdict(pool, drain).await.0, Verdict::Ok);
+    let ack = ContractOp::Ack {
+        id: "p1".into(),
+        worker: "w1".into(),
+        epoch: 1,
+        active: 0,
+        reserved: 0,
+    };
+    assert_eq!(verdict(pool, ack).await.0, Verdict::Ok);
+    assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids(), ["p1"]);
+    assert_eq!(verdict(pool, claim("p1", "w1")).await.0, Verdict::Extracted);
+    let release = ContractOp::Release {
+        id: "p1".into(),
+        worker: "w1".into(),
+        epoch: 1,
+    };
+    assert_eq!(verdict(pool, release).await.0, Verdict::Extracted);
+    assert_eq!(
+        verdict(pool, ContractOp::Remove { id: "p1".into() })
+            .await
+            .0,
+        Verdict::Extracted
+    );
+}
+
+/// Health results move a proxy out of and back into the allocatable pool;
+/// a result older than the recorded one is ignored.
+#[tokio::test]
+async fn health_results() {
+    let h = Harness::start().await;
+    h.load(&proxies("h", 2)).await;
+    let pool = &h.pool;
+    let health = |id: &str, ok, at| ContractOp::Health {
+        id: id.into(),
+        ok,
+        checked_at: at,
+    };
+    assert_eq!(
+        verdict(pool, health("h-0000", false, None)).await.0,
+        Verdict::Ok
+    );
+    assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids(), ["h-0001"]);
+    let stale = Some(now_ms() - 60_000);
+    assert_eq!(
+        verdict(pool, health("h-0000", true, stale)).await.0,
+        Verdict::Stale
+    );
+    assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids().len(), 0);
+    assert_eq!(
+        verdict(pool, health("h-0000", true, None)).await.0,
+        Verdict::Ok
+    );
+    assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids(), ["h-0000"]);
+    assert_eq!(
+        verdict(pool, health("nope", true, None)).await.0,
+        Verdict::Unknown
+    );
+}
+
+/// Removal takes a proxy out entirely.
+#[tokio::test]
+async fn remove() {
+    let h = Harness::start().await;
+    h.load(&proxies("r", 2)).await;
+    assert_eq!(
+        verdict(
+            &h.pool,
+            ContractOp::Remove {
+                id: "r-0000".into()
+            }
+        )
+        .await
+        .0,
+        Verdict::Ok
+    );
+    assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids(), ["r-0001"]);
+    let state = h.pool.state().await.unwrap();
+    assert!(!state.records.contains_key("r-0000") && !state.expiry.contains_key("r-0000"));
+}
+
+/// Workers claiming and clients extracting from one pool at the same time:
+/// no proxy is both claimed and extracted, and none is extracted twice.
+/// Two Workers race for each proxy too (pairs share a parity).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_and_extractions_never_overlap() {
+    let h = Harness::start().await;
+    let n = 300;
+    h.load(&proxies("c", n)).await;
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let pool = h.pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut claimed = Vec::new();
+            // From the latest-expiring end, while clients take the soonest:
+            // both sides get some, and they meet in the middle.
+            for i in (0..n).rev().skip(w % 2).step_by(2) {
+                let id = format!("c-{i:04}");
+                let r = pool.apply(&claim(&id, &format!("w{w}"))).await.unwrap();
+                if r.verdict == Verdict::Ok {
+                    claimed.push(id);
+                }
+            }
+            (claimed, Vec::new())
+        }));
+    }
+    for c in 0..8 {
+        let app = h.app.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut extracted = Vec::new();
+            for _ in 0..10 {
+                let mut req =
+                    lambda_http::http::Request::post(proxy_pool::distribution::EXTRACT_PATH)
+                        .header("content-type", "application/json")
+                        .body(lambda_http::Body::from(r#"{"count":3}"#))
+                        .unwrap();
+                req.extensions_mut().insert(proxy_pool::security::PeerAddr(
+                    format!("127.0.1.{c}:1").parse().unwrap(),
+                ));
+                let r = common::reply(
+                    proxy_pool::distribution::EXTRACT_PATH,
+                    proxy_pool::distribution::handle(&app, req).await,
+                );
+                assert_eq!(r.status, 200);
+                extracted.extend(r.ids());
+            }
+            (Vec::new(), extracted)
+        }));
+    }
+    let (mut claimed, mut extracted) = (HashSet::new(), HashSet::new());
+    for t in tasks {
+        let (c, e) = t.await.unwrap();
+        for id in c {
+            assert!(claimed.insert(id.clone()), "{id} claimed twice");
+        }
+        for id in e {
+            assert!(extracted.insert(id.clone()), "{id} extracted twice");
+        }
+    }
+    assert!(claimed.is_disjoint(&extracted));
+    assert!(!claimed.is_empty() && !extracted.is_empty());
+    assert!(claimed.len() + extracted.len() <= n);
+    let held = h
+        .pool
+        .inventory(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .held;
+    assert_eq!(held as usize, claimed.len());
+}
+
+/// Every key carries a TTL no later than its proxies' expiry (or its own
+/// short window), and a pool left alone past every TTL holds no keys.
+#[tokio::test]
+async fn a_pool_left_alone_holds_no_keys() {
+    let h = Harness::with_config(|c| {
+        c.min_remaining_ttl = Duration::ZERO;
+        c.idempotency_ttl = Duration::from_secs(1);
+        c.client_rate = Some(proxy_pool::security::Rate {
+            per_second: 100.0,
+            burst: 100,
+        });
+    })
+    .await;
+    let mut batch = proxies("t", 6);
+    let latest = now_ms() + 1_500;
+    for (i, p) in batch.iter_mut().enumerate() {
+        p.expires_at = latest - i as i64 * 100;
+        p.usable_until = p.expires_at;
+    }
+    h.load(&batch).await;
+    h.extract(r#"{"count":2}"#, &[("idempotency-key", "ttl-key-0001")])
+        .await;
+    let pool = &h.pool;
+    let ids: Vec<String> = batch.iter().map(|p| p.id.clone()).collect();
+    // Claim, drain and release re-create index and held keys from scratch.
+    for id in &ids[1..] {
+        verdict(pool, ContractOp::Remove { id: id.clone() }).await;
+    }
+    // t-0000 alone is left: its claim empties the index (Redis deletes the
+    // key) and its release creates it again.
+    let id = batch[0].id.clone();
+    let c = ContractOp::Claim {
+        id: id.clone(),
+        worker: "w".into(),
+        min_remaining_ttl: Duration::ZERO,
+        max_health_check_age: Duration::from_secs(60),
+    };
+    assert_eq!(verdict(pool, c).await.0, Verdict::Ok);
+    verdict(
+        pool,
+        ContractOp::Drain {
+            id: id.clone(),
+            worker: "w".into(),
+            epoch: 1,
+        },
+    )
+    .await;
+    verdict(
+        pool,
+        ContractOp::Ack {
+            id: id.clone(),
+            worker: "w".into(),
+            epoch: 1,
+            active: 0,
+            reserved: 0,
+        },
+    )
+    .await;
+    assert_eq!(
+        verdict(
+            pool,
+            ContractOp::Release {
+                id,
+                worker: "w".into(),
+                epoch: 1
+            }
+        )
+        .await
+        .0,
+        Verdict::Ok
+    );
+
+    let mut conn = h.redis().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.len() >= 5, "{keys:?}");
+    for k in &keys {
+        let at: i64 = redis::cmd("PEXPIRETIME")
+            .arg(k)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            at > 0 && at <= latest,
+            "{k} expires at {at}, after {latest}"
+        );
+    }
+    // Left alone: bounded wait for the clock to pass every TTL.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if keys.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "keys outlived their proxies: {keys:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,369 @@
+//! Differential test of the pool contract: random sequences of loads,
+//! health results, Worker claims, drains, acknowledgements, releases,
+//! removals, extractions (both modes, random filters and counts, idempotent
+//! retries) and clock advances run against the Lua scripts on a real Redis
+//! and against the in-memory reference model, which must agree on every
+//! result and on the whole pool state after every step.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proxy_pool::extraction::{ExtractRequest, Filters, Fulfillment};
+use proxy_pool::local::RedisServer;
+use proxy_pool::pool::{
+    ContractOp, ExtractionOutcome, ExtractionQuery, IdempotencyScope, MemoryPool, NewProxy,
+    RedisPool,
+};
+
+const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
+const REGIONS: [&str; 2] = ["shanghai", "beijing"];
+const CARRIERS: [&str; 2] = ["telecom", "unicom"];
+const UPSTREAMS: [&str; 2] = ["provider-a", "provider-b"];
+const IDS: u8 = 10;
+const MIN_TTL: Duration = Duration::from_millis(1000);
+const MAX_HEALTH_AGE: Duration = Duration::from_millis(1500);
+
+#[derive(Debug, Clone)]
+struct Spec {
+    id: u8,
+    protocol: usize,
+    region: usize,
+    carrier: usize,
+    upstream: usize,
+    expires_in: i64,
+    margin: i64,
+    health_ok: bool,
+    checked_ago: i64,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Load(Vec<Spec>),
+    Health {
+        id: u8,
+        ok: bool,
+        checked_ago: Option<i64>,
+    },
+    Claim {
+        id: u8,
+        worker: u8,
+    },
+    Drain {
+        id: u8,
+        who: u8,
+        stale: bool,
+    },
+    Ack {
+        id: u8,
+        who: u8,
+        stale: bool,
+        active: u32,
+        reserved: u32,
+    },
+    Release {
+        id: u8,
+        who: u8,
+        stale: bool,
+    },
+    Remove {
+        id: u8,
+    },
+    Extract {
+        count: u32,
+        all_or_nothing: bool,
+        protocols: Vec<usize>,
+        regions: Vec<usize>,
+        upstreams: Option<Vec<usize>>,
+        key: Option<u8>,
+        reserve: u32,
+    },
+    Advance(u64),
+}
+
+fn subset(n: usize) -> impl Strategy<Value = Vec<usize>> {
+    proptest::sample::subsequence((0..n).collect::<Vec<_>>(), 0..=n)
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    (
+        0..IDS,
+        0..3usize,
+        0..2usize,
+        0..2usize,
+        0..2usize,
+        -200i64..4000,
+        0i64..3000,
+        prop::bool::weighted(0.85),
+        0i64..2500,
+    )
+        .prop_map(
+            |(
+                id,
+                protocol,
+                region,
+                carrier,
+                upstream,
+                expires_in,
+                margin,
+                health_ok,
+                checked_ago,
+            )| Spec {
+                id,
+                protocol,
+                region,
+                carrier,
+                upstream,
+                expires_in,
+                margin,
+                health_ok,
+                checked_ago,
+            },
+        )
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => prop::collection::vec(spec(), 1..6).prop_map(Op::Load),
+        2 => (0..IDS, any::<bool>(), prop::option::of(0i64..2500))
+            .prop_map(|(id, ok, checked_ago)| Op::Health { id, ok, checked_ago }),
+        3 => (0..IDS, 0..3u8).prop_map(|(id, worker)| Op::Claim { id, worker }),
+        2 => (0..IDS, 0..3u8, prop::bool::weighted(0.2))
+            .prop_map(|(id, who, stale)| Op::Drain { id, who, stale }),
+        2 => (0..IDS, 0..3u8, prop::bool::weighted(0.2), 0..2u32, 0..2u32)
+            .prop_map(|(id, who, stale, active, reserved)| Op::Ack { id, who, stale, active, reserved }),
+        2 => (0..IDS, 0..3u8, prop::bool::weighted(0.2))
+            .prop_map(|(id, who, stale)| Op::Release { id, who, stale }),
+        1 => (0..IDS).prop_map(|id| Op::Remove { id }),
+        4 => (1..6u32, any::<bool>(), subset(3), subset(2), prop::option::of(subset(2)), prop::option::of(0..3u8), 0..3u32)
+            .prop_map(|(count, all_or_nothing, protocols, regions, upstreams, key, reserve)| Op::Extract {
+                count, all_or_nothing, protocols, regions, upstreams, key, reserve,
+            }),
+        1 => (1..40u64).prop_map(Op::Advance),
+    ]
+}
+
+async fn redis_now(pool: &RedisPool) -> i64 {
+    let mut conn = pool.connection();
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    secs * 1000 + micros / 1000
+}
+
+fn id(n: u8) -> String {
+    format!("px-{n}")
+}
+
+/// The holder and epoch an ownership operation names: the current ones,
+/// or (`who` 1 and 2) some Worker, and with `stale` the epoch before.
+fn holder(model: &MemoryPool, n: u8, who: u8, stale: bool) -> (String, u64) {
+    let state = model.state();
+    let record = state.records.get(&id(n));
+    let owner = record.and_then(|r| r["owner"].as_str()).map(str::to_owned);
+    let epoch = record.and_then(|r| r["epoch"].as_u64()).unwrap_or(0);
+    let worker = match (who, owner) {
+        (0, Some(owner)) => owner,
+        (w, _) => format!("w{w}"),
+    };
+    (
+        worker,
+        if stale {
+            epoch.saturating_sub(1)
+        } else {
+            epoch
+        },
+    )
+}
+
+async fn step(
+    pool: &RedisPool,
+    model: &mut MemoryPool,
+    op: &Op,
+    n: usize,
+) -> Result<(), TestCaseError> {
+    match op {
+        Op::Load(specs) => {
+            let base = redis_now(pool).await;
+            let batch: Vec<NewProxy> = specs
+                .iter()
+                .map(|s| {
+                    let expires_at = base + s.expires_in;
+                    NewProxy {
+                        id: id(s.id),
+                        protocol: PROTOCOLS[s.protocol].into(),
+                        host: format!("192.0.2.{}", s.id),
+                        port: 8000 + u16::from(s.id),
+                        username: (s.id % 2 == 0).then(|| format!("u{}", s.id)),
+                        password: (s.id % 2 == 0).then(|| format!("p{}", s.id)),
+                        region: REGIONS[s.region].into(),
+                        carrier: CARRIERS[s.carrier].into(),
+                        upstream: UPSTREAMS[s.upstream].into(),
+                        expires_at,
+                        usable_until: expires_at - s.margin,
+                        health_ok: s.health_ok,
+                        health_checked_at: base - s.checked_ago,
+                    }
+                })
+                .collect();
+            let (statuses, now) = pool.upsert_batch(&batch).await.unwrap();
+            prop_assert_eq!(statuses, model.upsert(&batch, now), "step {}: {:?}", n, op);
+        }
+        Op::Extract {
+            count,
+            all_or_nothing,
+            protocols,
+            regions,
+            upstreams,
+            key,
+            reserve,
+        } => {
+            let mut filters = Filters {
+                protocols: protocols.iter().map(|i| PROTOCOLS[*i].to_owned()).collect(),
+                regions: regions.iter().map(|i| REGIONS[*i].to_owned()).collect(),
+                ..Filters::default()
+            };
+            let upstream_set: Option<BTreeSet<String>> = upstreams
+                .as_ref()
+                .map(|u| u.iter().map(|i| UPSTREAMS[*i].to_owned()).collect());
+            filters.allowed_upstreams = upstream_set.iter().flatten().cloned().collect();
+            let fulfillment = if *all_or_nothing {
+                Fulfillment::AllOrNothing
+            } else {
+                Fulfillment::Partial
+            };
+            let request = ExtractRequest {
+                count: *count,
+                fulfillment: Some(fulfillment),
+                filters: filters.clone(),
+            };
+            let query = ExtractionQuery {
+                count: *count,
+                fulfillment,
+                reserve: *reserve,
+                min_remaining_ttl: MIN_TTL,
+                max_health_check_age: MAX_HEALTH_AGE,
+                filters: &filters,
+                upstreams: upstream_set.as_ref(),
+                request_id: &format!("req-{n}"),
+                idempotency: key.map(|k| IdempotencyScope {
+                    key: proxy_pool::pool::keys::idempotency("model", &format!("key-{k}")),
+                    digest: request.digest(fulfillment),
+                    ttl: Duration::from_secs(600),
+                }),
+            };
+            let real = pool.extract(&query).await.unwrap();
+            let now = match &real {
+                ExtractionOutcome::Committed(c) => c.extracted_at,
+                ExtractionOutcome::Insufficient { at_ms, .. } => *at_ms,
+                ExtractionOutcome::Replayed(_) | ExtractionOutcome::KeyReused => 0,
+            };
+            prop_assert_eq!(real, model.extract(&query, now), "step {}: {:?}", n, op);
+        }
+        Op::Advance(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+        contract => {
+            let op = match contract {
+                Op::Health {
+                    id: n,
+                    ok,
+                    checked_ago,
+                } => ContractOp::Health {
+                    id: id(*n),
+                    ok: *ok,
+                    checked_at: match checked_ago {
+                        Some(ago) => Some(redis_now(pool).await - ago),
+                        None => None,
+                    },
+                },
+                Op::Claim { id: n, worker } => ContractOp::Claim {
+                    id: id(*n),
+                    worker: format!("w{worker}"),
+                    min_remaining_ttl: MIN_TTL,
+                    max_health_check_age: MAX_HEALTH_AGE,
+                },
+                Op::Drain { id: n, who, stale } => {
+                    let (worker, epoch) = holder(model, *n, *who, *stale);
+                    ContractOp::Drain {
+                        id: id(*n),
+                        worker,
+                        epoch,
+                    }
+                }
+                Op::Ack {
+                    id: n,
+                    who,
+                    stale,
+                    active,
+                    reserved,
+                } => {
+                    let (worker, epoch) = holder(model, *n, *who, *stale);
+                    ContractOp::Ack {
+                        id: id(*n),
+                        worker,
+                        epoch,
+                        active: *active,
+                        reserved: *reserved,
+                    }
+                }
+                Op::Release { id: n, who, stale } => {
+                    let (worker, epoch) = holder(model, *n, *who, *stale);
+                    ContractOp::Release {
+                        id: id(*n),
+                        worker,
+                        epoch,
+                    }
+                }
+                Op::Remove { id: n } => ContractOp::Remove { id: id(*n) },
+                _ => unreachable!(),
+            };
+            let real = pool.apply(&op).await.unwrap();
+            prop_assert_eq!(real, model.apply(&op, real.at_ms), "step {}: {:?}", n, op);
+        }
+    }
+    let state = pool.state().await.unwrap();
+    prop_assert_eq!(&state, &model.state(), "state after step {}: {:?}", n, op);
+    Ok(())
+}
+
+/// Thousands of random operations per run; the scripts and the model never
+/// diverge in a result or in the pool's state.
+#[test]
+fn scripts_agree_with_the_model() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let redis = rt
+        .block_on(RedisServer::start())
+        .expect("redis-server must be installed");
+    // The connection manager spawns onto the runtime it is created in.
+    let pool = rt
+        .block_on(async { RedisPool::new(&redis.url(), Duration::from_secs(5)) })
+        .unwrap();
+    let cases = std::env::var("MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let total_ops = std::cell::Cell::new(0usize);
+    let result = runner.run(&prop::collection::vec(op(), 40..120), |ops| {
+        total_ops.set(total_ops.get() + ops.len());
+        rt.block_on(async {
+            let mut conn = pool.connection();
+            let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+            let mut model = MemoryPool::new();
+            for (n, op) in ops.iter().enumerate() {
+                step(&pool, &mut model, op, n).await?;
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let total_ops = total_ops.get();
+    eprintln!("model check: {cases} cases, {total_ops} operations");
+    assert!(total_ops >= 2000, "too few operations: {total_ops}");
+}
