@@ -193,3 +193,107 @@ async fn serve_runs_with_its_embedded_default() {
         Some("proxy-pool serve: stopped")
     );
 }
+
+async fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).args(args).output().await.unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// The contract subcommands as an operator scripts them: claim prints the
+/// epoch, a stale holder is refused with a non-zero exit, and stats shows
+/// the inventory as a table and as JSON.
+#[tokio::test]
+async fn contract_subcommands_and_stats() {
+    let h = Harness::start().await;
+    let url = h.redis.url();
+    let (ok, _, stderr) = load(
+        &url,
+        &[line("px_a", 600_000), line("px_b", 600_000)].join("\n"),
+    )
+    .await;
+    assert!(ok, "{stderr}");
+    let (ok, out, _) = run(&["claim", "--redis-url", &url, "px_a", "--worker", "w1"]).await;
+    assert!(ok);
+    assert_eq!(out.trim(), "ok px_a (epoch 1)");
+    let (ok, _, err) = run(&[
+        "drain",
+        "--redis-url",
+        &url,
+        "px_a",
+        "--worker",
+        "w2",
+        "--epoch",
+        "1",
+    ])
+    .await;
+    assert!(!ok);
+    assert_eq!(err.trim(), "proxy-pool: refused: not-owner (px_a, epoch 1)");
+    let (ok, out, _) = run(&["stats", "--redis-url", &url]).await;
+    assert!(ok);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("upstream    protocol  region    carrier  eligible  indexed"),
+        "{out}"
+    );
+    assert!(
+        lines[1].starts_with("provider-a  http      shanghai  telecom"),
+        "{out}"
+    );
+    assert!(lines[1].ends_with("1        1"), "{out}");
+    assert!(out.contains("held by Workers 1"), "{out}");
+    let (ok, out, _) = run(&["stats", "--redis-url", &url, "--json"]).await;
+    assert!(ok);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (doc["eligible"].as_u64(), doc["heldByWorkers"].as_u64()),
+        (Some(1), Some(1))
+    );
+    for args in [
+        vec![
+            "drain",
+            "--redis-url",
+            &url,
+            "px_a",
+            "--worker",
+            "w1",
+            "--epoch",
+            "1",
+        ],
+        vec![
+            "ack",
+            "--redis-url",
+            &url,
+            "px_a",
+            "--worker",
+            "w1",
+            "--epoch",
+            "1",
+            "--active",
+            "0",
+            "--reserved",
+            "0",
+        ],
+        vec![
+            "release",
+            "--redis-url",
+            &url,
+            "px_a",
+            "--worker",
+            "w1",
+            "--epoch",
+            "1",
+        ],
+        vec!["health", "--redis-url", &url, "px_b"],
+        vec!["remove", "--redis-url", &url, "px_b"],
+        vec!["prune", "--redis-url", &url],
+    ] {
+        let (ok, out, err) = run(&args).await;
+        assert!(ok, "{args:?}: {out} {err}");
+    }
+    // px_b failed its health check and was removed; px_a is back, epoch 2.
+    assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids(), ["px_a"]);
+}

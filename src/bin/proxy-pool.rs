@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use proxy_pool::config::Config;
 use proxy_pool::distribution::{App, EXTRACT_PATH};
 use proxy_pool::local::{RedisServer, demo_proxies};
-use proxy_pool::pool::{NewProxy, RedisPool, UpsertStatus};
+use proxy_pool::pool::{ContractOp, MAX_PRUNE_BATCH, NewProxy, RedisPool, UpsertStatus, Verdict};
 use proxy_pool::secrets::{RegistrySource, SecretStore, start_registry};
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{ClientRegistry, Guard, RegistryHandle};
@@ -40,6 +40,76 @@ enum Command {
         /// private Redis: one demo client with a fresh API key, printed.
         #[arg(long)]
         clients: Option<std::path::PathBuf>,
+    },
+    /// Print the pool's inventory: per bucket, the proxies extraction could
+    /// draw from, and the number held by Gateway Workers.
+    Stats {
+        /// Redis holding the pool.
+        #[arg(long, env = "PROXY_POOL_REDIS_URL", hide_env_values = true)]
+        redis_url: String,
+        /// Minimum remaining TTL counted as eligible (default: PROXY_POOL_MIN_REMAINING_TTL_SECONDS).
+        #[arg(long)]
+        min_remaining_ttl_seconds: Option<u64>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove proxies whose TTL life is over, in bounded batches.
+    Prune {
+        /// Redis holding the pool.
+        #[arg(long, env = "PROXY_POOL_REDIS_URL", hide_env_values = true)]
+        redis_url: String,
+    },
+    /// Record a health check result (the health checker).
+    Health {
+        #[command(flatten)]
+        target: Target,
+        /// The check passed (else failed).
+        #[arg(long)]
+        ok: bool,
+        /// When it ran, RFC 3339 (default: the Redis clock now).
+        #[arg(long)]
+        checked_at: Option<String>,
+    },
+    /// A Gateway Worker claims an allocatable, eligible proxy; prints the epoch.
+    Claim {
+        #[command(flatten)]
+        target: Target,
+        /// The Worker.
+        #[arg(long)]
+        worker: String,
+        /// The Gateway's minimum remaining TTL.
+        #[arg(long, default_value_t = 30)]
+        min_remaining_ttl_seconds: u64,
+        /// The Gateway's oldest acceptable health check.
+        #[arg(long, default_value_t = 120)]
+        max_health_check_age_seconds: u64,
+    },
+    /// The Controller publishes DRAINING for a Worker's proxy.
+    Drain {
+        #[command(flatten)]
+        holder: Holder,
+    },
+    /// A Worker reports its Active/Reserved use of a DRAINING proxy (0 and 0: DRAINED).
+    Ack {
+        #[command(flatten)]
+        holder: Holder,
+        /// Connections in use.
+        #[arg(long)]
+        active: u32,
+        /// Connections reserved.
+        #[arg(long)]
+        reserved: u32,
+    },
+    /// Clear the ownership of a DRAINED proxy (it becomes AVAILABLE).
+    Release {
+        #[command(flatten)]
+        holder: Holder,
+    },
+    /// Delete a proxy from the pool.
+    Remove {
+        #[command(flatten)]
+        target: Target,
     },
     /// Print the registry entry (`sha256:...`) for an API key, bearer token
     /// or Basic password read from standard input, or for a new one.
@@ -71,6 +141,29 @@ enum Command {
     },
 }
 
+/// The pool and the proxy a contract operation is about.
+#[derive(clap::Args)]
+struct Target {
+    /// Redis holding the pool.
+    #[arg(long, env = "PROXY_POOL_REDIS_URL", hide_env_values = true)]
+    redis_url: String,
+    /// The proxy id.
+    id: String,
+}
+
+/// A proxy and the holder an ownership operation names (fencing).
+#[derive(clap::Args)]
+struct Holder {
+    #[command(flatten)]
+    target: Target,
+    /// The Worker believed to hold it.
+    #[arg(long)]
+    worker: String,
+    /// The epoch its claim returned.
+    #[arg(long)]
+    epoch: u64,
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     proxy_pool::telemetry::init(false);
@@ -88,6 +181,77 @@ async fn main() -> ExitCode {
         } => hash_credential(generate, basic_user),
         Command::Load { redis_url, file } => load(&redis_url, &file).await,
         Command::LoadDemo { redis_url, size } => load_demo(&redis_url, size).await,
+        Command::Stats {
+            redis_url,
+            min_remaining_ttl_seconds,
+            json,
+        } => stats(&redis_url, min_remaining_ttl_seconds, json).await,
+        Command::Prune { redis_url } => prune(&redis_url).await,
+        Command::Health {
+            target,
+            ok,
+            checked_at,
+        } => match checked_at.as_deref().map(parse_time).transpose() {
+            Ok(checked_at) => {
+                let op = ContractOp::Health {
+                    id: target.id.clone(),
+                    ok,
+                    checked_at,
+                };
+                contract(&target, op).await
+            }
+            Err(e) => Err(e),
+        },
+        Command::Claim {
+            target,
+            worker,
+            min_remaining_ttl_seconds,
+            max_health_check_age_seconds,
+        } => {
+            let op = ContractOp::Claim {
+                id: target.id.clone(),
+                worker,
+                min_remaining_ttl: Duration::from_secs(min_remaining_ttl_seconds),
+                max_health_check_age: Duration::from_secs(max_health_check_age_seconds),
+            };
+            contract(&target, op).await
+        }
+        Command::Drain { holder } => {
+            let op = ContractOp::Drain {
+                id: holder.target.id.clone(),
+                worker: holder.worker,
+                epoch: holder.epoch,
+            };
+            contract(&holder.target, op).await
+        }
+        Command::Ack {
+            holder,
+            active,
+            reserved,
+        } => {
+            let op = ContractOp::Ack {
+                id: holder.target.id.clone(),
+                worker: holder.worker,
+                epoch: holder.epoch,
+                active,
+                reserved,
+            };
+            contract(&holder.target, op).await
+        }
+        Command::Release { holder } => {
+            let op = ContractOp::Release {
+                id: holder.target.id.clone(),
+                worker: holder.worker,
+                epoch: holder.epoch,
+            };
+            contract(&holder.target, op).await
+        }
+        Command::Remove { target } => {
+            let op = ContractOp::Remove {
+                id: target.id.clone(),
+            };
+            contract(&target, op).await
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -171,6 +335,111 @@ async fn serve(
     proxy_pool::server::serve(listener, app, shutdown_signal()).await?;
     drop(private);
     println!("proxy-pool serve: stopped");
+    Ok(())
+}
+
+fn parse_time(s: &str) -> Result<i64, Box<dyn std::error::Error>> {
+    let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .map_err(|_| "--checked-at must be an RFC 3339 timestamp")?;
+    Ok((t.unix_timestamp_nanos() / 1_000_000) as i64)
+}
+
+/// Runs one contract operation and prints its verdict; a refusal is an error
+/// (exit status 1), so scripts can test for it.
+async fn contract(target: &Target, op: ContractOp) -> CliResult {
+    let config = Config::from_env()?;
+    let pool = RedisPool::new(&target.redis_url, config.redis_timeout)?;
+    let reply = pool.apply(&op).await?;
+    match reply.verdict {
+        Verdict::Ok => {
+            println!("ok {} (epoch {})", target.id, reply.epoch);
+            Ok(())
+        }
+        refused => Err(format!(
+            "refused: {} ({}, epoch {})",
+            refused.as_str(),
+            target.id,
+            reply.epoch
+        )
+        .into()),
+    }
+}
+
+async fn prune(redis_url: &str) -> CliResult {
+    let config = Config::from_env()?;
+    let pool = RedisPool::new(redis_url, config.redis_timeout)?;
+    let report = pool.prune_expired(MAX_PRUNE_BATCH, u32::MAX).await?;
+    println!(
+        "pruned {} expired proxies and {} index entries in {} calls",
+        report.records, report.index_entries, report.batches
+    );
+    Ok(())
+}
+
+async fn stats(redis_url: &str, min_ttl: Option<u64>, json: bool) -> CliResult {
+    let config = Config::from_env()?;
+    let pool = RedisPool::new(redis_url, config.redis_timeout)?;
+    let min_ttl = min_ttl.map_or(config.min_remaining_ttl, Duration::from_secs);
+    let inventory = pool.inventory(min_ttl).await?;
+    let eligible: u64 = inventory.buckets.iter().map(|b| b.eligible).sum();
+    let indexed: u64 = inventory.buckets.iter().map(|b| b.indexed).sum();
+    if json {
+        let doc = serde_json::json!({
+            "at": proxy_pool::extraction::rfc3339(inventory.at_ms),
+            "minRemainingTtlSeconds": min_ttl.as_secs(),
+            "eligible": eligible,
+            "indexed": indexed,
+            "heldByWorkers": inventory.held,
+            "buckets": inventory.buckets,
+        });
+        println!("{doc:#}");
+        return Ok(());
+    }
+    let rows: Vec<[String; 6]> = inventory
+        .buckets
+        .iter()
+        .map(|b| {
+            [
+                b.upstream.clone(),
+                b.protocol.clone(),
+                b.region.clone(),
+                b.carrier.clone(),
+                b.eligible.to_string(),
+                b.indexed.to_string(),
+            ]
+        })
+        .collect();
+    let header = [
+        "upstream", "protocol", "region", "carrier", "eligible", "indexed",
+    ]
+    .map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    for row in std::iter::once(&header).chain(&rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i >= 4 {
+                    format!("{c:>w$}")
+                } else {
+                    format!("{c:<w$}")
+                }
+            })
+            .collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
+    println!(
+        "eligible {eligible} of {indexed} allocatable (at least {}s left), held by Workers {}, at {}",
+        min_ttl.as_secs(),
+        inventory.held,
+        proxy_pool::extraction::rfc3339(inventory.at_ms)
+    );
     Ok(())
 }
 
