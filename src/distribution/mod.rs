@@ -15,7 +15,7 @@ use crate::extraction::{
     ExtractRequest, ExtractionService, Filters, IdempotencyKey, Policy, ServiceError,
 };
 use crate::httpapi::{InvalidParam, Problem, RequestId, json_response};
-use crate::pool::{ExtractionOutcome, PoolError, RedisPool};
+use crate::pool::{ExtractionOutcome, RedisPool};
 use crate::security::{Identity, IdentityResolver, RateLimiter};
 
 /// The extraction endpoint.
@@ -173,7 +173,7 @@ async fn ready(app: &App, request_id: &RequestId) -> Result<Response<Body>, Prob
     if app.is_draining() {
         return Err(Problem::unavailable("the service is draining"));
     }
-    app.pool.ping().await.map_err(pool_problem)?;
+    app.pool.ping().await.map_err(Problem::from)?;
     Ok(health(request_id))
 }
 
@@ -229,7 +229,7 @@ async fn admitted(
         .await
         .map_err(|e| match e {
             ServiceError::Rejected(problem) => problem,
-            ServiceError::Pool(e) => pool_problem(e),
+            ServiceError::Pool(e) => Problem::from(e),
         })?;
     match outcome {
         ExtractionOutcome::Committed(done) => {
@@ -300,19 +300,5 @@ fn summarize(f: &Filters) -> String {
         "none".into()
     } else {
         parts.join(" ")
-    }
-}
-
-/// Maps a pool failure to 503 or a cause-free 500; the cause is logged here.
-fn pool_problem(e: PoolError) -> Problem {
-    match e {
-        PoolError::Unavailable(_) => {
-            tracing::warn!(error = %e, "pool unavailable");
-            Problem::unavailable("the proxy pool is unavailable, retry later")
-        }
-        PoolError::Internal(_) => {
-            tracing::error!(error = %e, "pool failure");
-            Problem::internal()
-        }
     }
 }

@@ -3,6 +3,7 @@ use lambda_http::http::{HeaderName, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 
 use super::{RequestId, respond};
+use crate::pool::PoolError;
 
 /// Base of every problem `type` URI.
 const TYPE_BASE: &str = "https://proxy-pool.local/problems/";
@@ -246,5 +247,22 @@ impl Problem {
             response.headers_mut().append(name, value);
         }
         response
+    }
+}
+
+/// A pool failure is a 503 (retry later) or a cause-free 500; the cause,
+/// Redis error kinds and codes only, is logged here.
+impl From<PoolError> for Problem {
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::Unavailable(_) => {
+                tracing::warn!(error = %e, "pool unavailable");
+                Problem::unavailable("the proxy pool is unavailable, retry later")
+            }
+            PoolError::Internal(_) => {
+                tracing::error!(error = %e, "pool failure");
+                Problem::internal()
+            }
+        }
     }
 }

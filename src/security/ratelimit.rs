@@ -5,7 +5,7 @@ use lambda_http::http::{HeaderName, HeaderValue};
 
 use super::Identity;
 use crate::httpapi::Problem;
-use crate::pool::{PoolError, RedisPool, keys};
+use crate::pool::{RedisPool, keys};
 
 /// A limit: a sustained rate with a burst allowance.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -107,16 +107,8 @@ impl RateLimiter {
             .iter()
             .map(|a| (a.key.as_str(), a.rate.interval_ms(), a.rate.burst))
             .collect();
-        let verdict = self.pool.admit(&limits).await.map_err(|e| match e {
-            PoolError::Unavailable(_) => {
-                tracing::warn!(error = %e, "rate limiter unavailable");
-                Problem::unavailable("the proxy pool is unavailable, retry later")
-            }
-            PoolError::Internal(_) => {
-                tracing::error!(error = %e, "rate limiter failure");
-                Problem::internal()
-            }
-        })?;
+        // Limits fail closed: no Redis, no admission.
+        let verdict = self.pool.admit(&limits).await.map_err(Problem::from)?;
         let policy = applied
             .iter()
             .map(|a| {
