@@ -297,3 +297,43 @@ async fn contract_subcommands_and_stats() {
     // px_b failed its health check and was removed; px_a is back, epoch 2.
     assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids(), ["px_a"]);
 }
+
+/// `hash-credential` prints the registry entry the server will match: for a
+/// secret on stdin, a Basic user's password, and a freshly generated key.
+#[tokio::test]
+async fn hash_credential_entries_match_what_the_server_checks() {
+    use proxy_pool::security::credentials::CredentialHash;
+    let hash = |args: &[&str], stdin: &str| {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let stdin = stdin.to_owned();
+        async move {
+            let mut child = Command::new(BIN)
+                .arg("hash-credential")
+                .args(&args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            {
+                use tokio::io::AsyncWriteExt;
+                let mut input = child.stdin.take().unwrap();
+                input.write_all(stdin.as_bytes()).await.unwrap();
+            }
+            let out = child.wait_with_output().await.unwrap();
+            assert!(out.status.success());
+            String::from_utf8(out.stdout).unwrap()
+        }
+    };
+    let out = hash(&[], "pp_my_key_123\n").await;
+    assert_eq!(out.trim(), CredentialHash::of(b"pp_my_key_123").encode());
+    let out = hash(&["--basic-user", "acme"], "s3cret\n").await;
+    assert_eq!(out.trim(), CredentialHash::of(b"acme:s3cret").encode());
+    let out = hash(&["--generate"], "").await;
+    let mut lines = out.lines();
+    let secret = lines.next().unwrap().strip_prefix("secret: ").unwrap();
+    assert!(secret.starts_with("pp_") && secret.len() == 67);
+    assert_eq!(
+        lines.next().unwrap(),
+        CredentialHash::of(secret.as_bytes()).encode()
+    );
+}
