@@ -246,6 +246,14 @@ async fn admitted(
                 .insert("idempotent-replayed", HeaderValue::from_static("true"));
             Ok(response)
         }
+        ExtractionOutcome::NotReplicated { acknowledged } => {
+            // Committed on the primary but not yet safe from a failover: not
+            // handed out. Its idempotency record answers the retry.
+            tracing::warn!(acknowledged, "extraction not acknowledged by replicas");
+            Err(Problem::unavailable(
+                "the extraction was not confirmed by the pool's replicas in time; retry with the same Idempotency-Key",
+            ))
+        }
         ExtractionOutcome::KeyReused => Err(Problem::idempotency_key_reused()),
         ExtractionOutcome::Insufficient { available } => {
             log.returned = Some(0);

@@ -11,11 +11,13 @@
 //! | `{pp}:idem:<sha256>` | STRING | digest + committed result | idempotency window |
 //! | `{pp}:rl:global`, `{pp}:rl:client:<sha256>` | STRING | GCRA arrival time | until the bucket is full |
 
+mod connection;
 pub mod keys;
 mod maintenance;
 mod new_proxy;
 mod redis_pool;
 
+pub use connection::{PoolConnection, RedisOptions};
 pub use maintenance::{BucketInventory, Inventory, MAX_PRUNE_BATCH, PruneReport};
 pub use new_proxy::{NewProxy, UpsertStatus};
 pub use redis_pool::{
