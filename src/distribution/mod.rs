@@ -99,7 +99,7 @@ pub async fn handle(app: &App, request: Request) -> Response<Body> {
                 "invalid X-Request-ID header",
                 vec![InvalidParam::new(
                     "X-Request-ID",
-                    "must be one header of 1 to 128 printable ASCII characters",
+                    "must be one header of at most 128 printable ASCII characters",
                 )],
             )),
         ),
