@@ -1,4 +1,5 @@
-//! The Redis TTL activity pool: key layout, Lua scripts and the adapter
+//! The Redis TTL activity pool: key layout, Lua scripts, the connection
+//! (single server or Redis Cluster, `connection`) and the adapter
 //! that runs them (`redis_pool`), plus the upkeep the scheduled health check
 //! runs: pruning and inventory (`maintenance`).
 //!
