@@ -92,18 +92,17 @@ async fn record_status(conn: &mut MultiplexedConnection, id: &str) -> Option<Str
     })
 }
 
-/// Three masters made into one cluster by `redis-cli --cluster create`.
+/// Three masters made into one cluster by `redis-cli --cluster create`;
+/// each keeps its node table in its own private working directory.
 async fn start_cluster() -> Vec<RedisServer> {
-    let dir = scratch("cluster");
     let mut nodes = Vec::new();
-    for i in 0..3 {
-        let conf = dir.join(format!("nodes-{i}.conf"));
+    for _ in 0..3 {
         let bus = free_port().to_string();
         let node = RedisServer::start_with(&[
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
-            &conf.to_string_lossy(),
+            "nodes.conf",
             "--cluster-port",
             &bus,
             "--cluster-node-timeout",
