@@ -15,6 +15,9 @@
 -- ARGV[7]: request id (copied into the committed result)
 -- ARGV[8]: request digest, 64 hex chars (only with KEYS[4])
 -- ARGV[9]: idempotency record lifetime, ms (only with KEYS[4])
+-- ARGV[10]: "1" to rewrite a replayed record's expiry to the same instant
+--          (only with KEYS[4]): a write, so a WAIT after this call also
+--          covers the record it replays (used when replica acks are on)
 -- Returns one of:
 --   {"ok", result}            committed; result is the JSON recorded for replay:
 --                             {"requestId","requested","extractedAt"(ms),"proxies":[records]}
@@ -35,7 +38,7 @@ local all_or_nothing = ARGV[2] == 'allOrNothing'
 local reserve = tonumber(ARGV[3])
 local min_ttl, max_health_age = tonumber(ARGV[4]), tonumber(ARGV[5])
 local filters = cjson.decode(ARGV[6])
-local request_id, digest, idem_ttl = ARGV[7], ARGV[8], ARGV[9]
+local request_id, digest, idem_ttl, touch_on_replay = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -45,6 +48,10 @@ if idem then
   local prev = redis.call('GET', idem)
   if prev then
     if string.sub(prev, 1, 64) == digest then
+      if touch_on_replay == '1' then
+        local at = redis.call('PEXPIRETIME', idem)
+        if at > 0 then redis.call('PEXPIREAT', idem, at) end
+      end
       return {'replay', string.sub(prev, 65)}
     end
     return {'conflict'}

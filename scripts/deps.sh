@@ -31,13 +31,17 @@ fi
 [ "${1:-}" = test ] || exit 0
 
 command -v redis-cli >/dev/null || apt_install redis-tools
+# The TLS tests make a throw-away CA and server certificate with openssl.
+command -v openssl >/dev/null || apt_install openssl
 
 # Python tools for the tests, pinned, in a project-local virtualenv whose
 # bin/ scripts/test.sh puts first on PATH (Debian's python3 refuses
 # system-wide pip installs): moto's server (Secrets Manager emulator),
-# cfn-lint (template.yaml) and cargo-lambda (Lambda runtime API emulator).
-tools=('moto[server]==5.2.1' 'cfn-lint==1.51.0' 'cargo-lambda==1.9.2')
-if [ ! -x .venv/bin/moto_server ] || [ ! -x .venv/bin/cfn-lint ] || [ ! -x .venv/bin/cargo-lambda ]; then
+# cfn-lint (template.yaml), cargo-lambda (Lambda runtime API emulator) and
+# schemathesis (contract testing of `proxy-pool serve` against the OpenAPI).
+tools=('moto[server]==5.2.1' 'cfn-lint==1.51.0' 'cargo-lambda==1.9.2' 'schemathesis==4.32.5')
+if [ ! -x .venv/bin/moto_server ] || [ ! -x .venv/bin/cfn-lint ] || [ ! -x .venv/bin/cargo-lambda ] \
+  || [ ! -x .venv/bin/schemathesis ]; then
   command -v python3 >/dev/null || apt_install python3 python3-venv
   if ! python3 -m venv .venv >/dev/null 2>&1; then
     # Debian ships venv's pip bootstrap separately.

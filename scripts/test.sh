@@ -2,8 +2,9 @@
 # One command to check everything: installs what the tests need, then
 # formatting, lints, the whole test suite (real redis-server processes and a
 # local Secrets Manager emulator, started by the tests on free loopback
-# ports), cfn-lint of the SAM template and the Lambda end-to-end test under
-# cargo-lambda's runtime API emulator.
+# ports; Redis faults under load, fuzzing, Redis Cluster, TLS and replicas
+# included), cfn-lint of the SAM template, the Lambda end-to-end test under
+# cargo-lambda's runtime API emulator and the schemathesis contract test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh test
@@ -14,3 +15,4 @@ cargo test --all-targets --locked
 cfn-lint template.yaml
 echo "cfn-lint: template.yaml clean"
 bash scripts/lambda-e2e.sh
+bash scripts/contract.sh

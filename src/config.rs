@@ -31,6 +31,18 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// `PROXY_POOL_REDIS_TIMEOUT_MS`: bound on connecting to and waiting for Redis.
     pub redis_timeout: Duration,
+    /// `PROXY_POOL_REDIS_CLUSTER`: `true` when the URL names Redis Cluster
+    /// seed nodes (comma-separated), e.g. ElastiCache cluster mode enabled.
+    pub redis_cluster: bool,
+    /// `PROXY_POOL_REDIS_CA_FILE`: PEM CA bundle trusted for `rediss://`
+    /// instead of the system roots.
+    pub redis_ca_file: Option<std::path::PathBuf>,
+    /// `PROXY_POOL_REPLICA_ACKS`: replicas that must acknowledge an
+    /// extraction (`WAIT`) before it is answered (default 0: off).
+    pub replica_acks: u32,
+    /// `PROXY_POOL_REPLICA_ACK_TIMEOUT_MS`: how long to wait for them;
+    /// below `PROXY_POOL_REDIS_TIMEOUT_MS`.
+    pub replica_ack_timeout: Duration,
     /// `PROXY_POOL_REDIS_SECRET_ID`: Secrets Manager secret holding the Redis
     /// URL or password (`{"url": ..}`, `{"password": .., "username": ..}` or a bare string).
     pub redis_secret_id: Option<String>,
@@ -61,6 +73,10 @@ impl Default for Config {
             idempotency_ttl: Duration::from_secs(600),
             max_body_bytes: 16 * 1024,
             redis_timeout: Duration::from_millis(2000),
+            redis_cluster: false,
+            redis_ca_file: None,
+            replica_acks: 0,
+            replica_ack_timeout: Duration::from_millis(500),
             redis_secret_id: None,
             auth_schemes: AuthSchemes {
                 api_key: true,
@@ -98,13 +114,56 @@ impl Config {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let d = Self::default();
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let redis_cluster = match get("PROXY_POOL_REDIS_CLUSTER").as_deref().map(str::trim) {
+            None => d.redis_cluster,
+            Some(v) if v.eq_ignore_ascii_case("true") || v == "1" => true,
+            Some(v) if v.eq_ignore_ascii_case("false") || v == "0" => false,
+            Some(_) => {
+                return Err(ConfigError {
+                    variable: "PROXY_POOL_REDIS_CLUSTER",
+                    reason: "must be `true` or `false`".into(),
+                });
+            }
+        };
         let redis_url = get("PROXY_POOL_REDIS_URL");
-        if let Some(url) = &redis_url
-            && !(url.starts_with("redis://") || url.starts_with("rediss://"))
-        {
+        if let Some(url) = &redis_url {
+            let nodes: Vec<&str> = url.split(',').map(str::trim).collect();
+            if nodes
+                .iter()
+                .any(|u| !(u.starts_with("redis://") || u.starts_with("rediss://")))
+            {
+                return Err(ConfigError {
+                    variable: "PROXY_POOL_REDIS_URL",
+                    reason: "must start with redis:// or rediss://".into(),
+                });
+            }
+            if nodes.len() > 1 && !redis_cluster {
+                return Err(ConfigError {
+                    variable: "PROXY_POOL_REDIS_URL",
+                    reason: "several URLs are only allowed with PROXY_POOL_REDIS_CLUSTER=true"
+                        .into(),
+                });
+            }
+        }
+        let redis_timeout = number(
+            &get,
+            "PROXY_POOL_REDIS_TIMEOUT_MS",
+            d.redis_timeout.as_millis() as u64,
+            10..=60_000,
+        )
+        .map(Duration::from_millis)?;
+        let replica_acks = number(&get, "PROXY_POOL_REPLICA_ACKS", 0, 0..=16)? as u32;
+        let replica_ack_timeout = number(
+            &get,
+            "PROXY_POOL_REPLICA_ACK_TIMEOUT_MS",
+            d.replica_ack_timeout.as_millis() as u64,
+            1..=60_000,
+        )
+        .map(Duration::from_millis)?;
+        if replica_acks > 0 && replica_ack_timeout >= redis_timeout {
             return Err(ConfigError {
-                variable: "PROXY_POOL_REDIS_URL",
-                reason: "must start with redis:// or rediss://".into(),
+                variable: "PROXY_POOL_REPLICA_ACK_TIMEOUT_MS",
+                reason: "must be below PROXY_POOL_REDIS_TIMEOUT_MS".into(),
             });
         }
         let max_count_per_request = number(
@@ -150,13 +209,11 @@ impl Config {
                 d.max_body_bytes as u64,
                 256..=1024 * 1024,
             )? as usize,
-            redis_timeout: number(
-                &get,
-                "PROXY_POOL_REDIS_TIMEOUT_MS",
-                d.redis_timeout.as_millis() as u64,
-                10..=60_000,
-            )
-            .map(Duration::from_millis)?,
+            redis_timeout,
+            redis_cluster,
+            redis_ca_file: get("PROXY_POOL_REDIS_CA_FILE").map(std::path::PathBuf::from),
+            replica_acks,
+            replica_ack_timeout,
             redis_secret_id: get("PROXY_POOL_REDIS_SECRET_ID"),
             auth_schemes: match get("PROXY_POOL_AUTH_SCHEMES") {
                 None => d.auth_schemes,
@@ -270,6 +327,10 @@ mod tests {
             ("PROXY_POOL_IDEMPOTENCY_TTL_SECONDS", "9"),
             ("PROXY_POOL_MAX_BODY_BYTES", "4096"),
             ("PROXY_POOL_REDIS_TIMEOUT_MS", "250"),
+            ("PROXY_POOL_REDIS_CLUSTER", "true"),
+            ("PROXY_POOL_REDIS_CA_FILE", "/etc/ca.pem"),
+            ("PROXY_POOL_REPLICA_ACKS", "1"),
+            ("PROXY_POOL_REPLICA_ACK_TIMEOUT_MS", "200"),
             ("PROXY_POOL_AUTH_SCHEMES", "basic,none"),
             ("PROXY_POOL_CLIENTS_SECRET_ID", "clients"),
             ("PROXY_POOL_REDIS_SECRET_ID", "redis"),
@@ -289,6 +350,13 @@ mod tests {
         assert_eq!(c.idempotency_ttl, Duration::from_secs(9));
         assert_eq!(c.max_body_bytes, 4096);
         assert_eq!(c.redis_timeout, Duration::from_millis(250));
+        assert!(c.redis_cluster);
+        assert_eq!(
+            c.redis_ca_file.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
+        assert_eq!(c.replica_acks, 1);
+        assert_eq!(c.replica_ack_timeout, Duration::from_millis(200));
         assert!(c.auth_schemes.basic && c.auth_schemes.none && !c.auth_schemes.api_key);
         assert_eq!(c.clients_secret_id.as_deref(), Some("clients"));
         assert_eq!(c.redis_secret_id.as_deref(), Some("redis"));
@@ -313,10 +381,34 @@ mod tests {
             ("PROXY_POOL_AUTH_SCHEMES", "digest"),
             ("PROXY_POOL_TRUSTED_PROXIES", "10.0.0.0/33"),
             ("PROXY_POOL_GLOBAL_RATE", "lots"),
+            ("PROXY_POOL_REDIS_CLUSTER", "yes"),
+            ("PROXY_POOL_REPLICA_ACKS", "17"),
         ] {
             let err = from(&[(var, value)]).unwrap_err();
             assert_eq!(err.variable, var);
             assert!(err.to_string().starts_with(var));
         }
+    }
+
+    /// Several seed nodes need cluster mode; the WAIT must end before the
+    /// client gives up on Redis, or a missing replica would look like an outage.
+    #[test]
+    fn cluster_urls_and_ack_timeout_are_checked() {
+        let nodes = "redis://127.0.0.1:1/,redis://127.0.0.1:2/";
+        let err = from(&[("PROXY_POOL_REDIS_URL", nodes)]).unwrap_err();
+        assert_eq!(err.variable, "PROXY_POOL_REDIS_URL");
+        let c = from(&[
+            ("PROXY_POOL_REDIS_URL", nodes),
+            ("PROXY_POOL_REDIS_CLUSTER", "true"),
+        ])
+        .unwrap();
+        assert!(c.redis_cluster);
+        let err = from(&[
+            ("PROXY_POOL_REPLICA_ACKS", "1"),
+            ("PROXY_POOL_REDIS_TIMEOUT_MS", "500"),
+            ("PROXY_POOL_REPLICA_ACK_TIMEOUT_MS", "500"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.variable, "PROXY_POOL_REPLICA_ACK_TIMEOUT_MS");
     }
 }

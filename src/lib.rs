@@ -13,7 +13,8 @@
 //! * [`security`]: who is calling and may they: trusted proxies, source
 //!   control, authentication, the client registry, rate limits.
 //! * [`extraction`]: request/response types and the service applying policy.
-//! * [`pool`]: the Redis pool: key layout, Lua scripts (`lua/`), adapter.
+//! * [`pool`]: the Redis pool: key layout, Lua scripts (`lua/`), adapter,
+//!   and its connection (one server or a Redis Cluster, TLS, replica acks).
 //! * [`config`]: typed settings from `PROXY_POOL_*` variables.
 //! * [`secrets`]: AWS Secrets Manager: client registry and Redis credentials.
 //! * [`server`]: the plain HTTP server behind `proxy-pool serve`.

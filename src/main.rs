@@ -46,7 +46,7 @@ async fn main() -> Result<(), Error> {
             return Err("PROXY_POOL_CLIENTS_SECRET_ID: is required when PROXY_POOL_AUTH_SCHEMES enables apiKey, basic or bearer".into());
         }
     };
-    let pool = RedisPool::new(&url, config.redis_timeout)?;
+    let pool = RedisPool::from_config(&url, &config)?;
     let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
     let app = Arc::new(App::new(&config, pool.clone(), Arc::new(guard)));
     let function = Arc::new(Function::new(app, pool, &config));

@@ -257,7 +257,9 @@ async fn step(
             let now = match &real {
                 ExtractionOutcome::Committed(c) => c.extracted_at,
                 ExtractionOutcome::Insufficient { at_ms, .. } => *at_ms,
-                ExtractionOutcome::Replayed(_) | ExtractionOutcome::KeyReused => 0,
+                ExtractionOutcome::Replayed(_)
+                | ExtractionOutcome::KeyReused
+                | ExtractionOutcome::NotReplicated { .. } => 0,
             };
             prop_assert_eq!(real, model.extract(&query, now), "step {}: {:?}", n, op);
         }

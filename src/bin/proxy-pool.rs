@@ -284,6 +284,9 @@ async fn serve(
         None => {
             let server = RedisServer::start().await?;
             let url = server.url();
+            // The private Redis is one server without replicas.
+            config.redis_cluster = false;
+            config.replica_acks = 0;
             let origin = format!(
                 "a private redis-server on 127.0.0.1:{} with {demo_size} demo proxies (TEST-NET addresses)",
                 server.port()
@@ -293,7 +296,7 @@ async fn serve(
         }
     };
     config.redis_url = Some(url.clone());
-    let pool = RedisPool::new(&url, config.redis_timeout)?;
+    let pool = RedisPool::from_config(&url, &config)?;
     if private.is_some() {
         pool.upsert(&demo_proxies(demo_size, now_ms())).await?;
         tokio::spawn(refresh_demo(pool.clone(), demo_size));
@@ -522,7 +525,7 @@ async fn shutdown_signal() {
 
 async fn load_demo(redis_url: &str, size: usize) -> CliResult {
     let config = Config::from_env()?;
-    let pool = RedisPool::new(redis_url, config.redis_timeout)?;
+    let pool = RedisPool::from_config(redis_url, &config)?;
     let statuses = pool.upsert(&demo_proxies(size, now_ms())).await?;
     let count = |want: UpsertStatus| statuses.iter().filter(|s| **s == want).count();
     let added = count(UpsertStatus::Added);
@@ -539,7 +542,7 @@ const LOAD_BATCH: usize = 500;
 
 async fn load(redis_url: &str, file: &str) -> CliResult {
     let config = Config::from_env()?;
-    let pool = RedisPool::new(redis_url, config.redis_timeout)?;
+    let pool = RedisPool::from_config(redis_url, &config)?;
     let reader: Box<dyn BufRead> = if file == "-" {
         Box::new(std::io::stdin().lock())
     } else {

@@ -99,7 +99,7 @@ pub async fn handle(app: &App, request: Request) -> Response<Body> {
                 "invalid X-Request-ID header",
                 vec![InvalidParam::new(
                     "X-Request-ID",
-                    "must be one header of 1 to 128 printable ASCII characters",
+                    "must be one header of at most 128 printable ASCII characters",
                 )],
             )),
         ),
@@ -245,6 +245,14 @@ async fn admitted(
                 .headers_mut()
                 .insert("idempotent-replayed", HeaderValue::from_static("true"));
             Ok(response)
+        }
+        ExtractionOutcome::NotReplicated { acknowledged } => {
+            // Committed on the primary but not yet safe from a failover: not
+            // handed out. Its idempotency record answers the retry.
+            tracing::warn!(acknowledged, "extraction not acknowledged by replicas");
+            Err(Problem::unavailable(
+                "the extraction was not confirmed by the pool's replicas in time; retry with the same Idempotency-Key",
+            ))
         }
         ExtractionOutcome::KeyReused => Err(Problem::idempotency_key_reused()),
         ExtractionOutcome::Insufficient { available, .. } => {

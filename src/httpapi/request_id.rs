@@ -17,7 +17,8 @@ impl RequestId {
     }
 
     /// Takes the caller's id from `headers`; `Err` carries a generated id to
-    /// answer the 400 with when the header is present but invalid.
+    /// answer the 400 with when the header is present but invalid. An empty
+    /// value counts as absent (the contract only bounds its length).
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, Self> {
         let mut values = headers.get_all(Self::HEADER).iter();
         let (Some(value), None) = (values.next(), values.next()) else {
@@ -28,9 +29,10 @@ impl RequestId {
             };
         };
         let bytes = value.as_bytes();
-        let valid = !bytes.is_empty()
-            && bytes.len() <= MAX_LEN
-            && bytes.iter().all(|b| (0x20..=0x7e).contains(b));
+        if bytes.is_empty() {
+            return Ok(Self::generate());
+        }
+        let valid = bytes.len() <= MAX_LEN && bytes.iter().all(|b| (0x20..=0x7e).contains(b));
         match (valid, value.to_str()) {
             (true, Ok(id)) => Ok(Self(id.to_owned())),
             _ => Err(Self::generate()),
@@ -72,19 +74,17 @@ mod tests {
         assert_eq!(generated.as_str().len(), 30);
     }
 
-    /// Too long, empty, control or non-ASCII ids are refused; spaces are fine.
+    /// Too long, control or non-ASCII ids are refused; spaces are fine; an
+    /// empty one is replaced by a generated id.
     #[test]
     fn refuses_bad_ids() {
-        for bad in [
-            vec![b'a'; 129],
-            b"".to_vec(),
-            b"a\tb".to_vec(),
-            "é".as_bytes().to_vec(),
-        ] {
+        for bad in [vec![b'a'; 129], b"a\tb".to_vec(), "é".as_bytes().to_vec()] {
             let err = RequestId::from_headers(&headers(&bad)).unwrap_err();
             assert!(err.as_str().starts_with("req_"));
         }
         assert!(RequestId::from_headers(&headers(&[b'a'; 128])).is_ok());
         assert!(RequestId::from_headers(&headers(b"req 1")).is_ok());
+        let empty = RequestId::from_headers(&headers(b"")).unwrap();
+        assert!(empty.as_str().starts_with("req_"));
     }
 }

@@ -4,4 +4,4 @@ mod demo;
 mod redis_server;
 
 pub use demo::demo_proxies;
-pub use redis_server::{LocalError, RedisServer};
+pub use redis_server::{LocalError, RedisServer, TlsFiles};

@@ -1,4 +1,6 @@
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -17,10 +19,47 @@ pub enum LocalError {
 }
 
 /// A `redis-server` child process on a loopback port, killed on drop.
-/// No persistence: it exists for tests and `proxy-pool serve`.
+/// No persistence: it exists for tests and `proxy-pool serve`. Each one
+/// works in a private directory (removed on drop), so nothing it writes
+/// (a replica's sync file, a cluster's node table) is seen by another.
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    tls: bool,
+    extra: Vec<String>,
+    dir: PathBuf,
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A fresh private working directory for one server.
+fn private_dir(port: u16) -> Result<PathBuf, LocalError> {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "proxy-pool-redis-{}-{port}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| LocalError::RedisFailed(e.to_string()))?;
+    Ok(dir)
+}
+
+/// Server-side TLS files for [`RedisServer::start_tls`] (PEM).
+#[derive(Debug, Clone, Copy)]
+pub struct TlsFiles<'a> {
+    /// The server's certificate.
+    pub cert: &'a Path,
+    /// Its private key.
+    pub key: &'a Path,
+    /// The CA that signed it.
+    pub ca: &'a Path,
 }
 
 impl RedisServer {
@@ -31,18 +70,50 @@ impl RedisServer {
 
     /// Starts one on a free port with extra `--name value` arguments.
     pub async fn start_with(extra: &[&str]) -> Result<Self, LocalError> {
+        Self::start_on_free_port(extra, false).await
+    }
+
+    /// Starts one that speaks only TLS (`--port 0`, `--tls-port`), without
+    /// asking clients for certificates; [`url`](Self::url) is `rediss://`.
+    pub async fn start_tls(files: TlsFiles<'_>) -> Result<Self, LocalError> {
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        let (cert, key, ca) = (path(files.cert), path(files.key), path(files.ca));
+        let extra = [
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+        ];
+        Self::start_on_free_port(&extra, true).await
+    }
+
+    async fn start_on_free_port(extra: &[&str], tls: bool) -> Result<Self, LocalError> {
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port().map_err(|e| LocalError::RedisFailed(e.to_string()))?;
-            match spawn(port, extra).await {
+            let dir = private_dir(port)?;
+            match spawn(port, extra, tls, &dir).await {
                 Ok(child) => {
                     return Ok(Self {
                         child: Some(child),
                         port,
+                        tls,
+                        extra: extra.iter().map(|s| s.to_string()).collect(),
+                        dir,
                     });
                 }
-                Err(LocalError::RedisFailed(why)) => last = why,
-                Err(e) => return Err(e),
+                Err(LocalError::RedisFailed(why)) => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    last = why;
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(e);
+                }
             }
         }
         Err(LocalError::RedisFailed(last))
@@ -53,9 +124,10 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>/`.
+    /// `redis://127.0.0.1:<port>/` (`rediss://` when started with TLS).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     /// Kills it and waits until it is gone; the data is lost.
@@ -65,10 +137,12 @@ impl RedisServer {
         }
     }
 
-    /// Starts it again on the same port (after [`stop`](Self::stop)), empty.
+    /// Starts it again on the same port and arguments (after
+    /// [`stop`](Self::stop)), empty.
     pub async fn restart(&mut self) -> Result<(), LocalError> {
         self.stop().await;
-        self.child = Some(spawn(self.port, &[]).await?);
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        self.child = Some(spawn(self.port, &extra, self.tls, &self.dir).await?);
         Ok(())
     }
 }
@@ -79,11 +153,14 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-async fn spawn(port: u16, extra: &[&str]) -> Result<Child, LocalError> {
+async fn spawn(port: u16, extra: &[&str], tls: bool, dir: &Path) -> Result<Child, LocalError> {
     let port_arg = port.to_string();
-    let mut args = vec![
-        "--port",
-        &port_arg,
+    let mut args = if tls {
+        vec!["--port", "0", "--tls-port", &port_arg]
+    } else {
+        vec!["--port", &port_arg]
+    };
+    args.extend_from_slice(&[
         "--bind",
         "127.0.0.1",
         "--save",
@@ -94,11 +171,11 @@ async fn spawn(port: u16, extra: &[&str]) -> Result<Child, LocalError> {
         "no",
         "--loglevel",
         "notice",
-    ];
+    ]);
     args.extend_from_slice(extra);
     let mut child = Command::new("redis-server")
         .args(&args)
-        .current_dir(std::env::temp_dir())
+        .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

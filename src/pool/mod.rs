@@ -1,6 +1,7 @@
-//! The Redis TTL activity pool: key layout, Lua scripts and the adapter
-//! that runs them (`redis_pool`), the contract the Controller, health checker
-//! and Gateway Workers use (`contract`), the upkeep the scheduled health check
+//! The Redis TTL activity pool: key layout, Lua scripts, the connection
+//! (single server or Redis Cluster, `connection`) and the adapter that runs
+//! them (`redis_pool`), the contract the Controller, health checker and
+//! Gateway Workers use (`contract`), the upkeep the scheduled health check
 //! runs: pruning and inventory (`maintenance`), and the in-memory reference
 //! model of all of it (`model`), checked against the scripts by a
 //! differential property test.
@@ -15,6 +16,7 @@
 //! | `{pp}:idem:<sha256>` | STRING | digest + committed result | idempotency window |
 //! | `{pp}:rl:global`, `{pp}:rl:client:<sha256>` | STRING | GCRA arrival time | until the bucket is full |
 
+mod connection;
 mod contract;
 pub mod keys;
 mod maintenance;
@@ -22,6 +24,7 @@ mod model;
 mod new_proxy;
 mod redis_pool;
 
+pub use connection::{PoolConnection, RedisOptions};
 pub use contract::{ContractOp, ContractReply, Verdict};
 pub use maintenance::{BucketInventory, Inventory, MAX_PRUNE_BATCH, PruneReport};
 pub use model::{MemoryPool, PoolState};

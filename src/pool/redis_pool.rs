@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, RedisError, Script, ScriptInvocation};
 use serde::Serialize;
 
+use super::connection::{PoolConnection, RedisOptions};
 use super::keys;
 use super::new_proxy::{NewProxy, UpsertStatus};
+use crate::config::Config;
 use crate::extraction::{CommittedExtraction, Filters, Fulfillment};
 
 /// After this long without traffic (e.g. a thawed Lambda), or after a failed
@@ -112,6 +113,14 @@ pub enum ExtractionOutcome {
         /// The Redis clock it was decided at, Unix ms.
         at_ms: i64,
     },
+    /// Committed (or replayed) on the primary, but fewer replicas than
+    /// configured acknowledged it in time: not to be handed to the client,
+    /// since a failover now could lose it and hand the proxies out again.
+    /// The idempotency record (if any) holds the result for a retry.
+    NotReplicated {
+        /// Replicas that did acknowledge.
+        acknowledged: u64,
+    },
 }
 
 #[derive(Serialize)]
@@ -133,8 +142,10 @@ fn restricting(list: &[String]) -> Option<&[String]> {
 /// The pool in Redis. Cheap to clone; clones share one connection.
 #[derive(Clone)]
 pub struct RedisPool {
-    conn: ConnectionManager,
+    conn: PoolConnection,
     timeout: Duration,
+    replica_acks: u32,
+    replica_ack_timeout: Duration,
     scripts: Arc<Scripts>,
     started: Instant,
     last_used_ms: Arc<AtomicU64>,
@@ -159,21 +170,25 @@ pub struct Admission {
 }
 
 impl RedisPool {
-    /// A pool over `url`. Connects lazily, so a cold start succeeds while Redis
-    /// is down; every call is bounded by `timeout`.
+    /// A pool over one Redis at `url`. Connects lazily, so a cold start
+    /// succeeds while Redis is down; every call is bounded by `timeout`.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, PoolError> {
-        let client = redis::Client::open(url)
-            .map_err(|_| PoolError::Internal("invalid Redis URL".into()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(Duration::from_millis(200));
-        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        Self::with_options(url, &RedisOptions::single(timeout))
+    }
+
+    /// A pool over `url` as the configuration says (cluster, CA, replica acks).
+    pub fn from_config(url: &str, config: &Config) -> Result<Self, PoolError> {
+        Self::with_options(url, &RedisOptions::from(config))
+    }
+
+    /// A pool over `url` (in cluster mode: comma-separated seed nodes).
+    /// Connects lazily; every call is bounded by `options.timeout`.
+    pub fn with_options(url: &str, options: &RedisOptions) -> Result<Self, PoolError> {
         Ok(Self {
-            conn,
-            timeout,
+            conn: PoolConnection::open(url, options)?,
+            timeout: options.timeout,
+            replica_acks: options.replica_acks,
+            replica_ack_timeout: options.replica_ack_timeout,
             scripts: Arc::new(Scripts {
                 extract: Script::new(include_str!("../../lua/extract.lua")),
                 upsert: Script::new(include_str!("../../lua/upsert.lua")),
@@ -215,9 +230,13 @@ impl RedisPool {
             .arg(serde_json::to_string(&filters).unwrap_or_default())
             .arg(q.request_id);
         if let Some(scope) = &q.idempotency {
+            // With replica acks, a replay rewrites its record's expiry (same
+            // instant), so the WAIT after it covers the record it replays.
+            let touch_on_replay = if self.replica_acks > 0 { "1" } else { "0" };
             inv.key(&scope.key)
                 .arg(&scope.digest)
-                .arg(scope.ttl.as_millis() as u64);
+                .arg(scope.ttl.as_millis() as u64)
+                .arg(touch_on_replay);
         }
         // Repeating the script after a dropped connection is only safe when
         // the idempotency record can tell whether the first attempt committed.
@@ -226,16 +245,45 @@ impl RedisPool {
             serde_json::from_str::<CommittedExtraction>(json)
                 .map_err(|e| PoolError::Internal(format!("unreadable committed result: {e}")))
         };
-        match reply.as_slice() {
-            [tag, json] if tag == "ok" => Ok(ExtractionOutcome::Committed(committed(json)?)),
-            [tag, json] if tag == "replay" => Ok(ExtractionOutcome::Replayed(committed(json)?)),
-            [tag] if tag == "conflict" => Ok(ExtractionOutcome::KeyReused),
-            [tag, n, at] if tag == "insufficient" => Ok(ExtractionOutcome::Insufficient {
+        let outcome = match reply.as_slice() {
+            [tag, json] if tag == "ok" => ExtractionOutcome::Committed(committed(json)?),
+            [tag, json] if tag == "replay" => ExtractionOutcome::Replayed(committed(json)?),
+            [tag] if tag == "conflict" => ExtractionOutcome::KeyReused,
+            [tag, n, at] if tag == "insufficient" => ExtractionOutcome::Insufficient {
                 available: n.parse().unwrap_or(0),
                 at_ms: at.parse().unwrap_or(0),
-            }),
-            _ => Err(PoolError::Internal("unexpected extract reply".into())),
+            },
+            _ => return Err(PoolError::Internal("unexpected extract reply".into())),
+        };
+        match outcome {
+            ExtractionOutcome::Committed(_) | ExtractionOutcome::Replayed(_)
+                if self.replica_acks > 0 =>
+            {
+                match self.replicated().await {
+                    Ok(n) if n >= u64::from(self.replica_acks) => Ok(outcome),
+                    Ok(acknowledged) => Ok(ExtractionOutcome::NotReplicated { acknowledged }),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "replica acknowledgement failed");
+                        Ok(ExtractionOutcome::NotReplicated { acknowledged: 0 })
+                    }
+                }
+            }
+            other => Ok(other),
         }
+    }
+
+    /// `WAIT` for the configured replicas on the connection that just ran
+    /// the script. Bounded like every call; the server-side wait is shorter
+    /// than the bound (the configuration insists), so a missing replica is
+    /// an answer (`Ok(n)` with `n` too small), not a timeout.
+    async fn replicated(&self) -> Result<u64, PoolError> {
+        let mut conn = self.conn.clone();
+        self.bounded(async {
+            Ok(conn
+                .wait_for_replicas(self.replica_acks, self.replica_ack_timeout)
+                .await?)
+        })
+        .await
     }
 
     /// Adds or refreshes proxies through `lua/upsert.lua`, in batches; one
@@ -304,7 +352,7 @@ impl RedisPool {
     }
 
     /// A clone of the underlying connection, for callers that need raw commands.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> PoolConnection {
         self.conn.clone()
     }
 
@@ -360,7 +408,7 @@ impl RedisPool {
 
 /// PING, repeated once when the connection turns out dead: the first attempt
 /// makes the manager reconnect, the second waits for the new connection.
-async fn ping(conn: &mut ConnectionManager) -> Result<(), PoolError> {
+async fn ping(conn: &mut PoolConnection) -> Result<(), PoolError> {
     let cmd = redis::cmd("PING");
     match cmd.query_async::<String>(conn).await {
         Err(e) if e.is_connection_dropped() || e.is_io_error() => {

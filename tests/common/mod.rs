@@ -112,7 +112,17 @@ impl Harness {
 
     /// Settings adjusted by `adjust`, with a client registry.
     pub async fn with_registry(adjust: impl FnOnce(&mut Config), registry: RegistryHandle) -> Self {
-        let redis = RedisServer::start().await.expect(
+        Self::with_redis_args(&[], adjust, registry).await
+    }
+
+    /// Like [`Harness::with_registry`], the `redis-server` started with
+    /// extra `--name value` arguments.
+    pub async fn with_redis_args(
+        args: &[&str],
+        adjust: impl FnOnce(&mut Config),
+        registry: RegistryHandle,
+    ) -> Self {
+        let redis = RedisServer::start_with(args).await.expect(
             "redis-server must be installed for the tests (apt-get install -y redis-server)",
         );
         let mut config = Config {
@@ -140,11 +150,7 @@ impl Harness {
 
     /// `POST /api/v1/proxies/extract` with a JSON body and extra headers.
     pub async fn extract(&self, body: &str, headers: &[(&str, &str)]) -> Reply {
-        let mut req = Request::post(EXTRACT_PATH).header("content-type", "application/json");
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        self.send(req.body(Body::from(body)).unwrap()).await
+        self.send(extract_request(body, headers)).await
     }
 
     /// `GET path`.
@@ -154,14 +160,8 @@ impl Harness {
     }
 
     /// Sends a request from 127.0.0.1 unless it carries its own peer.
-    pub async fn send(&self, mut req: lambda_http::Request) -> Reply {
-        if req.extensions().get::<PeerAddr>().is_none() {
-            let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
-            req.extensions_mut().insert(PeerAddr(peer));
-        }
-        let path = req.uri().path().to_owned();
-        let response = handle(&self.app, req).await;
-        reply(&path, response)
+    pub async fn send(&self, req: lambda_http::Request) -> Reply {
+        send(&self.app, req).await
     }
 
     /// A raw Redis connection, for inspecting and damaging the pool.
@@ -169,6 +169,17 @@ impl Harness {
         redis::Client::open(self.redis.url())
             .unwrap()
             .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// A raw connection without a response timeout, for commands that
+    /// block on purpose (`DEBUG SLEEP`) or are sent while Redis is blocked.
+    pub async fn admin(&self) -> redis::aio::MultiplexedConnection {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        redis::Client::open(self.redis.url())
+            .unwrap()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .unwrap()
     }
@@ -227,6 +238,45 @@ impl Harness {
         }
         out
     }
+}
+
+/// The app over `pool` with `config`'s policy, anonymous callers allowed.
+pub fn app_over(config: &Config, pool: RedisPool) -> Arc<App> {
+    let guard = Guard::new(
+        config.auth_schemes,
+        config.sources.clone(),
+        RegistryHandle::default(),
+    );
+    Arc::new(App::new(config, pool, Arc::new(guard)))
+}
+
+/// Settings for a test app: anonymous callers, no rate limits.
+pub fn test_config() -> Config {
+    Config {
+        auth_schemes: AuthSchemes::parse("none").unwrap(),
+        client_rate: None,
+        ..Config::default()
+    }
+}
+
+/// Sends a request to `app` from 127.0.0.1 unless it carries its own peer.
+pub async fn send(app: &App, mut req: lambda_http::Request) -> Reply {
+    if req.extensions().get::<PeerAddr>().is_none() {
+        let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        req.extensions_mut().insert(PeerAddr(peer));
+    }
+    let path = req.uri().path().to_owned();
+    let response = handle(app, req).await;
+    reply(&path, response)
+}
+
+/// `POST /api/v1/proxies/extract` to `app` with a JSON body and extra headers.
+pub fn extract_request(body: &str, headers: &[(&str, &str)]) -> lambda_http::Request {
+    let mut req = Request::post(EXTRACT_PATH).header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.body(Body::from(body.to_owned())).unwrap()
 }
 
 /// Turns a handler response into a [`Reply`], checking the contract:

@@ -1,0 +1,214 @@
+//! The connection behind [`super::RedisPool`]: one self-healing connection to
+//! a single Redis (a primary endpoint: ElastiCache with cluster mode off,
+//! Valkey, a plain `redis-server`), or a Redis Cluster client that routes
+//! every command by its first key. All pool keys share the hash tag `{pp}`,
+//! so in a cluster every script and its `WAIT` go to the one primary that
+//! owns that slot. Either way the rest of the code sees one
+//! [`redis::aio::ConnectionLike`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, TlsCertificates, Value};
+use tokio::sync::OnceCell;
+
+use super::keys;
+use super::redis_pool::PoolError;
+use crate::config::Config;
+
+/// How to reach Redis: everything [`super::RedisPool`] needs besides the URL.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisOptions {
+    /// Bound on every Redis call, reconnects included.
+    pub timeout: Duration,
+    /// The URL names Redis Cluster seed nodes (comma-separated) rather than
+    /// one server.
+    pub cluster: bool,
+    /// PEM file of the CA that signs the server's certificate (`rediss://`);
+    /// `None` trusts the system's roots (enough for ElastiCache, whose
+    /// certificates chain to Amazon's public CA).
+    pub ca_file: Option<PathBuf>,
+    /// Replicas that must acknowledge an extraction (`WAIT`) before it is
+    /// answered; 0 answers as soon as the primary committed.
+    pub replica_acks: u32,
+    /// How long `WAIT` may wait for them.
+    pub replica_ack_timeout: Duration,
+}
+
+impl RedisOptions {
+    /// A single server, no replica acknowledgement, system roots.
+    pub fn single(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            cluster: false,
+            ca_file: None,
+            replica_acks: 0,
+            replica_ack_timeout: Duration::ZERO,
+        }
+    }
+}
+
+impl From<&Config> for RedisOptions {
+    fn from(c: &Config) -> Self {
+        Self {
+            timeout: c.redis_timeout,
+            cluster: c.redis_cluster,
+            ca_file: c.redis_ca_file.clone(),
+            replica_acks: c.replica_acks,
+            replica_ack_timeout: c.replica_ack_timeout,
+        }
+    }
+}
+
+/// A cheap-to-clone handle on the pool's connection (single or cluster).
+#[derive(Clone)]
+pub struct PoolConnection {
+    inner: Inner,
+}
+
+#[derive(Clone)]
+enum Inner {
+    Single(ConnectionManager),
+    Cluster(Arc<LazyCluster>),
+}
+
+/// A cluster connection made on first use, so a cold start succeeds while
+/// the cluster is down; once made, it follows the topology by itself.
+struct LazyCluster {
+    client: ClusterClient,
+    conn: OnceCell<ClusterConnection>,
+}
+
+impl LazyCluster {
+    async fn get(&self) -> RedisResult<ClusterConnection> {
+        self.conn
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .cloned()
+    }
+}
+
+impl PoolConnection {
+    /// Opens (lazily) the connection `url` and `options` describe.
+    pub(crate) fn open(url: &str, options: &RedisOptions) -> Result<Self, PoolError> {
+        let certificates = match &options.ca_file {
+            None => None,
+            Some(path) => Some(TlsCertificates {
+                client_tls: None,
+                root_cert: Some(std::fs::read(path).map_err(|_| {
+                    PoolError::Internal("PROXY_POOL_REDIS_CA_FILE cannot be read".into())
+                })?),
+            }),
+        };
+        if options.cluster {
+            let nodes: Vec<&str> = url
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .collect();
+            let mut builder = ClusterClientBuilder::new(nodes)
+                .connection_timeout(options.timeout)
+                .response_timeout(options.timeout)
+                .retries(2)
+                .min_retry_wait(20)
+                .max_retry_wait(200);
+            if let Some(certs) = certificates {
+                builder = builder.certs(certs);
+            }
+            let client = builder
+                .build()
+                .map_err(|_| PoolError::Internal("invalid Redis Cluster URL".into()))?;
+            return Ok(Self {
+                inner: Inner::Cluster(Arc::new(LazyCluster {
+                    client,
+                    conn: OnceCell::new(),
+                })),
+            });
+        }
+        let client = match certificates {
+            Some(certs) => redis::Client::build_with_tls(url, certs),
+            None => redis::Client::open(url),
+        }
+        .map_err(|_| PoolError::Internal("invalid Redis URL".into()))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.timeout))
+            .set_response_timeout(Some(options.timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(200));
+        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(Self {
+            inner: Inner::Single(conn),
+        })
+    }
+
+    /// `true` for a Redis Cluster connection.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner, Inner::Cluster(_))
+    }
+
+    /// `WAIT replicas timeout` on the connection that carried the pool's
+    /// last writes (in a cluster: the primary owning the `{pp}` slot):
+    /// how many replicas acknowledged everything written through it so far.
+    pub(crate) async fn wait_for_replicas(
+        &mut self,
+        replicas: u32,
+        timeout: Duration,
+    ) -> RedisResult<u64> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(timeout.as_millis() as u64);
+        match &mut self.inner {
+            Inner::Single(conn) => cmd.query_async(conn).await,
+            Inner::Cluster(lazy) => {
+                let mut conn = lazy.get().await?;
+                let route = Route::with_key(keys::AVAIL, SlotAddr::Master);
+                let value = conn
+                    .route_command(
+                        cmd,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await?;
+                Ok(u64::from_redis_value(value)?)
+            }
+        }
+    }
+}
+
+impl ConnectionLike for PoolConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match &mut self.inner {
+            Inner::Single(conn) => conn.req_packed_command(cmd),
+            Inner::Cluster(lazy) => Box::pin(async move {
+                let mut conn = lazy.get().await?;
+                conn.req_packed_command(cmd).await
+            }),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match &mut self.inner {
+            Inner::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Inner::Cluster(lazy) => Box::pin(async move {
+                let mut conn = lazy.get().await?;
+                conn.req_packed_commands(pipeline, offset, count).await
+            }),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.inner {
+            Inner::Single(conn) => conn.get_db(),
+            Inner::Cluster(_) => 0,
+        }
+    }
+}

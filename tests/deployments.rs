@@ -1,0 +1,436 @@
+//! The Redis deployments people run: a 3-master Redis Cluster (ElastiCache
+//! cluster mode, Valkey cluster), TLS (`rediss://`, ElastiCache in-transit
+//! encryption) and a primary with a replica (`WAIT` before answering).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Reply, app_over, extract_request, proxies, send, test_config};
+use lambda_http::Body;
+use lambda_http::http::Request;
+use proxy_pool::distribution::App;
+use proxy_pool::local::{RedisServer, TlsFiles};
+use proxy_pool::pool::{RedisPool, keys};
+use proxy_pool::security::{PeerAddr, Rate};
+use redis::aio::MultiplexedConnection;
+
+/// A directory of its own for one test's files.
+fn scratch(name: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "proxy-pool-{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn connect(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn info(conn: &mut MultiplexedConnection, args: &[&str]) -> String {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(conn).await.unwrap()
+}
+
+/// Bounded polling until `check` holds.
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    let started = Instant::now();
+    while !check().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{what}: timed out"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn extract(app: &App, body: &str, headers: &[(&str, &str)], peer: &str) -> Reply {
+    let mut req = extract_request(body, headers);
+    req.extensions_mut().insert(PeerAddr(peer.parse().unwrap()));
+    send(app, req).await
+}
+
+async fn ready(app: &App) -> Reply {
+    send(
+        app,
+        Request::get("/health/ready").body(Body::Empty).unwrap(),
+    )
+    .await
+}
+
+async fn record_status(conn: &mut MultiplexedConnection, id: &str) -> Option<String> {
+    let raw: Option<String> = redis::cmd("HGET")
+        .arg(keys::PROXIES)
+        .arg(id)
+        .query_async(conn)
+        .await
+        .unwrap();
+    raw.map(|r| {
+        let v: serde_json::Value = serde_json::from_str(&r).unwrap();
+        v["status"].as_str().unwrap_or("").to_owned()
+    })
+}
+
+/// Three masters made into one cluster by `redis-cli --cluster create`;
+/// each keeps its node table in its own private working directory.
+async fn start_cluster() -> Vec<RedisServer> {
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let bus = free_port().to_string();
+        let node = RedisServer::start_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-port",
+            &bus,
+            "--cluster-node-timeout",
+            "5000",
+        ])
+        .await
+        .expect("redis-server must be installed for the tests (apt-get install -y redis-server)");
+        nodes.push(node);
+    }
+    let mut create = tokio::process::Command::new("redis-cli");
+    create.arg("--cluster").arg("create");
+    for n in &nodes {
+        create.arg(format!("127.0.0.1:{}", n.port()));
+    }
+    let out = create
+        .arg("--cluster-yes")
+        .output()
+        .await
+        .expect("redis-cli must be installed for the tests (apt-get install -y redis-tools)");
+    assert!(
+        out.status.success(),
+        "redis-cli --cluster create failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    for n in &nodes {
+        let url = n.url();
+        until("cluster_state:ok", || {
+            let url = url.clone();
+            async move {
+                let text = info(&mut connect(&url).await, &["CLUSTER", "INFO"]).await;
+                text.contains("cluster_state:ok") && text.contains("cluster_slots_assigned:16384")
+            }
+        })
+        .await;
+    }
+    nodes
+}
+
+/// Against a 3-master Redis Cluster (`PROXY_POOL_REDIS_CLUSTER=true`, seed
+/// nodes in the URL): every pool key lives on the one node owning `{pp}`;
+/// readiness, extraction, idempotent replay and key reuse, shared rate
+/// limits, and a `SCRIPT FLUSH` on every node (NOSCRIPT reload) all work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_on_a_redis_cluster() {
+    let nodes = start_cluster().await;
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let mut config = test_config();
+    config.redis_cluster = true;
+    config.redis_url = Some(urls.join(","));
+    config.client_rate = Some(Rate {
+        per_second: 0.1,
+        burst: 5,
+    });
+    let pool = RedisPool::from_config(&urls.join(","), &config).unwrap();
+    assert!(pool.connection().is_cluster());
+    let app = app_over(&config, pool.clone());
+
+    assert_eq!(ready(&app).await.status, 200);
+    pool.upsert(&proxies("cl", 10)).await.unwrap();
+
+    let me = "127.0.0.1:1";
+    let key = [("idempotency-key", "cluster-0001")];
+    let first = extract(&app, r#"{"count":3}"#, &key, me).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.ids(), ["cl-0000", "cl-0001", "cl-0002"]);
+    let again = extract(&app, r#"{"count":3}"#, &key, me).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+    let reused = extract(&app, r#"{"count":4}"#, &key, me).await;
+    assert_eq!(
+        (reused.status, reused.code()),
+        (409, "IDEMPOTENCY_KEY_REUSED")
+    );
+
+    // Scripts flushed on every node: reloaded where EVALSHA is routed.
+    for n in &nodes {
+        let mut conn = connect(&n.url()).await;
+        info(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    }
+    let after_flush = extract(&app, r#"{"count":2}"#, &[], me).await;
+    assert_eq!(after_flush.ids(), ["cl-0003", "cl-0004"]);
+
+    // Rate limits live in the same slot and are shared: burst 5, then 429.
+    let other = "127.0.0.2:1";
+    for _ in 0..5 {
+        assert_eq!(
+            extract(&app, r#"{"count":1}"#, &[], other).await.status,
+            200
+        );
+    }
+    let limited = extract(&app, r#"{"count":1}"#, &[], other).await;
+    assert_eq!((limited.status, limited.code()), (429, "RATE_LIMITED"));
+
+    // Every key, pool and limits alike, is on the node that owns {pp}.
+    let mut holders = 0;
+    for n in &nodes {
+        let mut conn = connect(&n.url()).await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            holders += 1;
+            assert!(keys.iter().all(|k| k.starts_with("{pp}:")), "{keys:?}");
+            assert!(keys.iter().any(|k| k.starts_with("{pp}:rl:client:")));
+            assert!(keys.iter().any(|k| k == keys::PROXIES));
+        }
+    }
+    assert_eq!(holders, 1, "the pool is spread over several nodes");
+}
+
+/// Makes a throw-away CA and a server certificate for 127.0.0.1 with openssl.
+fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl must be installed for the TLS tests (apt-get install -y openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec![
+        "req",
+        "-x509",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=proxy-pool test CA",
+    ];
+    ca.extend(ec);
+    ca.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
+    run(&ca);
+    let mut csr = vec!["req", "-new", "-subj", "/CN=127.0.0.1"];
+    csr.extend(ec);
+    csr.extend(["-keyout", "server.key", "-out", "server.csr"]);
+    run(&csr);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.crt",
+    ]);
+    (
+        dir.join("server.crt"),
+        dir.join("server.key"),
+        dir.join("ca.crt"),
+    )
+}
+
+/// `rediss://` to a TLS-only redis-server whose certificate comes from a
+/// private CA, trusted through `PROXY_POOL_REDIS_CA_FILE`: readiness,
+/// extraction and replay work. Without that CA (system roots only) the
+/// certificate is refused and the service answers 503: never plaintext,
+/// never an unverified connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_over_tls_with_a_private_ca() {
+    let dir = scratch("tls");
+    let (cert, key, ca) = certificates(&dir);
+    let redis = RedisServer::start_tls(TlsFiles {
+        cert: &cert,
+        key: &key,
+        ca: &ca,
+    })
+    .await
+    .expect("redis-server with TLS must be installed for the tests (Debian's redis-server is)");
+    let url = redis.url();
+    assert!(url.starts_with("rediss://127.0.0.1:"));
+
+    let mut config = test_config();
+    config.redis_timeout = Duration::from_millis(1000);
+    config.redis_ca_file = Some(ca.clone());
+    let pool = RedisPool::from_config(&url, &config).unwrap();
+    let app = app_over(&config, pool.clone());
+    assert_eq!(ready(&app).await.status, 200);
+    pool.upsert(&proxies("tls", 4)).await.unwrap();
+    let key = [("idempotency-key", "tls-key-0001")];
+    let first = extract(&app, r#"{"count":2}"#, &key, "127.0.0.1:1").await;
+    assert_eq!(first.ids(), ["tls-0000", "tls-0001"]);
+    let again = extract(&app, r#"{"count":2}"#, &key, "127.0.0.1:1").await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+
+    // The plain port is closed (`--port 0`), and the system roots do not
+    // know the private CA.
+    config.redis_ca_file = None;
+    let untrusting = app_over(&config, RedisPool::from_config(&url, &config).unwrap());
+    let r = extract(&untrusting, r#"{"count":1}"#, &[], "127.0.0.1:1").await;
+    assert_eq!((r.status, r.code()), (503, "SERVICE_UNAVAILABLE"));
+    assert_eq!(ready(&untrusting).await.status, 503);
+    let plain = url.replace("rediss://", "redis://");
+    let plaintext = app_over(&config, RedisPool::from_config(&plain, &config).unwrap());
+    assert_eq!(ready(&plaintext).await.status, 503);
+    // A missing CA file is a configuration error, not a silent fallback.
+    config.redis_ca_file = Some(dir.join("missing.pem"));
+    assert!(RedisPool::from_config(&url, &config).is_err());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// With `PROXY_POOL_REPLICA_ACKS=1` over a primary and one replica: a 200
+/// means the replica already holds the extraction. With the replica gone,
+/// an extraction commits on the primary but is answered 503 (not handed
+/// out); its retry with the same `Idempotency-Key` stays 503 until the
+/// replica is back, then gets the committed result replayed. Nothing is
+/// handed out twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acknowledgement_before_answering() {
+    let primary = RedisServer::start()
+        .await
+        .expect("redis-server must be installed");
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port])
+        .await
+        .expect("redis-server must be installed");
+    let mut on_primary = connect(&primary.url()).await;
+    let mut on_replica = connect(&replica.url()).await;
+    let linked = |want: &'static str| {
+        let primary = primary.url();
+        let replica = replica.url();
+        move || {
+            let (primary, replica) = (primary.clone(), replica.clone());
+            async move {
+                let p = info(&mut connect(&primary).await, &["INFO", "replication"]).await;
+                let r = info(&mut connect(&replica).await, &["INFO", "replication"]).await;
+                match want {
+                    "up" => p.contains("connected_slaves:1") && r.contains("master_link_status:up"),
+                    _ => p.contains("connected_slaves:0"),
+                }
+            }
+        }
+    };
+    until("replica linked", linked("up")).await;
+
+    let mut config = test_config();
+    config.redis_timeout = Duration::from_millis(1000);
+    config.replica_acks = 1;
+    config.replica_ack_timeout = Duration::from_millis(200);
+    let pool = RedisPool::from_config(&primary.url(), &config).unwrap();
+    let app = app_over(&config, pool.clone());
+    pool.upsert(&proxies("rep", 6)).await.unwrap();
+    let me = "127.0.0.1:1";
+
+    // Acknowledged: the replica holds the tombstones the moment we answer.
+    let r = extract(
+        &app,
+        r#"{"count":2}"#,
+        &[("idempotency-key", "rep-key-0001")],
+        me,
+    )
+    .await;
+    assert_eq!(r.ids(), ["rep-0000", "rep-0001"]);
+    assert_eq!(
+        record_status(&mut on_replica, "rep-0000").await.as_deref(),
+        Some("EXTRACTED")
+    );
+
+    // The replica leaves: committed on the primary, not answered.
+    info(&mut on_replica, &["REPLICAOF", "NO", "ONE"]).await;
+    until("replica gone", linked("down")).await;
+    let key = [("idempotency-key", "rep-key-0002")];
+    let started = Instant::now();
+    let r = extract(&app, r#"{"count":2}"#, &key, me).await;
+    assert_eq!((r.status, r.code()), (503, "SERVICE_UNAVAILABLE"));
+    assert!(
+        r.json["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Idempotency-Key")
+    );
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert_eq!(
+        record_status(&mut on_primary, "rep-0002").await.as_deref(),
+        Some("EXTRACTED")
+    );
+    let retry = extract(&app, r#"{"count":2}"#, &key, me).await;
+    assert_eq!(
+        retry.status, 503,
+        "a replay is not answered unacknowledged either"
+    );
+    // Without a key the proxies it took are lost to the pool, never doubled.
+    let r = extract(&app, r#"{"count":1}"#, &[], me).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        record_status(&mut on_primary, "rep-0004").await.as_deref(),
+        Some("EXTRACTED")
+    );
+
+    // The replica is back: the retry gets the committed result, and the
+    // replica holds its record.
+    info(&mut on_replica, &["REPLICAOF", "127.0.0.1", &port]).await;
+    until("replica relinked", linked("up")).await;
+    let retry = extract(&app, r#"{"count":2}"#, &key, me).await;
+    assert_eq!(retry.status, 200, "{}", retry.body);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.ids(), ["rep-0002", "rep-0003"]);
+    let record = keys::idempotency("ip:127.0.0.1", "rep-key-0002");
+    let replicated: bool = redis::cmd("EXISTS")
+        .arg(&record)
+        .query_async(&mut on_replica)
+        .await
+        .unwrap();
+    assert!(replicated);
+    let rest = extract(&app, r#"{"count":10}"#, &[], me).await;
+    assert_eq!(rest.ids(), ["rep-0005"]);
+}
