@@ -14,6 +14,11 @@ pub const AVAIL: &str = "{pp}:avail";
 pub const BUCKETS: &str = "{pp}:buckets";
 /// `HASH` proxy id -> record (JSON), or a credential-free tombstone once extracted.
 pub const PROXIES: &str = "{pp}:proxies";
+/// `HASH` bucket -> `"<expiresAt ms, 13 digits>|<id>"`, a lower bound of the
+/// bucket's first entry in [`AVAIL`] that may still be eligible (`"~"`: none).
+/// Written by extraction, lowered by every script that adds to [`AVAIL`]; it
+/// only decides which buckets an extraction probes, never what it may take.
+pub const HEADS: &str = "{pp}:heads";
 /// `ZSET` proxy id -> expiresAt ms, for pruning expired records.
 pub const EXPIRY: &str = "{pp}:expiry";
 
