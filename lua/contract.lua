@@ -10,6 +10,10 @@
 -- KEYS[3]: {pp}:proxies  HASH id -> proxy record (JSON) or tombstone
 -- KEYS[4]: {pp}:held     HASH id -> Worker id, for proxies CLAIMED or DRAINING
 -- KEYS[5]: {pp}:expiry   ZSET id -> expiresAt ms
+-- KEYS[6]: {pp}:heads    HASH bucket -> lower bound of the bucket's first entry that
+--                        may be eligible (see extract.lua): lowered to any entry
+--                        this call leaves allocatable, since it may have become
+--                        eligible (re-indexed, or healthy again)
 -- ARGV[1]: operation, ARGV[2]: proxy id, then per operation:
 --   health   ARGV[3] "1" passed / "0" failed, ARGV[4] checkedAt ms ("" = now)
 --            Records a health result; one older than the recorded one is "stale".
@@ -30,7 +34,7 @@
 --   "extracted", "expired", "stale", "ineligible", "not-owner", "state";
 --   now the Redis clock (ms); epoch the record's epoch after the call (0 if none).
 
-local avail, buckets, proxies, held, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local avail, buckets, proxies, held, expiry, heads = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local op, id = ARGV[1], ARGV[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -59,9 +63,9 @@ if rec.status == 'EXTRACTED' then return {'extracted', now, 0} end
 local was_indexed = indexed(rec)
 local epoch = rec.epoch or 0
 -- Writes below must not fail: check the types of the keys they touch now.
-for _, key in ipairs({avail, held, expiry}) do
+for _, key in ipairs({avail, held, expiry, heads}) do
   local kind = redis.call('TYPE', key)['ok']
-  if kind ~= 'none' and kind ~= (key == held and 'hash' or 'zset') then
+  if kind ~= 'none' and kind ~= ((key == held or key == heads) and 'hash' or 'zset') then
     return redis.error_reply('ERR damaged pool: wrong key type')
   end
 end
@@ -119,8 +123,12 @@ else
   return redis.error_reply('ERR unknown operation')
 end
 
--- Writes: nothing below can fail.
 local now_indexed = indexed(rec)
+local hint = now_indexed and redis.call('HGET', heads, bucket_of(rec))
+local key = string.sub(member_of(rec), #bucket_of(rec) + 2)
+
+-- Writes: nothing below can fail.
+if hint and key < hint then redis.call('HSET', heads, bucket_of(rec), key) end
 if was_indexed ~= now_indexed then
   local bucket = bucket_of(rec)
   local n

@@ -5,6 +5,8 @@
 -- KEYS[2]: {pp}:buckets  HASH bucket -> number of members of KEYS[1] in that bucket
 -- KEYS[3]: {pp}:proxies  HASH id -> proxy record (JSON)
 -- KEYS[4]: {pp}:expiry   ZSET id -> expiresAt ms (drives pruning)
+-- KEYS[5]: {pp}:heads    HASH bucket -> lower bound of the bucket's first eligible
+--                        entry (see extract.lua); lowered here for every entry added
 -- ARGV[i]: one proxy per argument, JSON: {id, protocol, host, port, username,
 --          password, region, carrier, upstream, expiresAt, usableUntil,
 --          healthOk, healthCheckedAt} (times in ms, already validated)
@@ -18,7 +20,7 @@
 -- ownership state. Every key's TTL is raised to the latest expiry it holds,
 -- so no key outlives the proxies it describes.
 
-local avail, buckets, proxies, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local avail, buckets, proxies, expiry, heads = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -77,6 +79,29 @@ for i, new in ipairs(incoming) do
   end
 end
 
+-- Extraction probes a bucket only when its hint says the next candidate may
+-- be there (see extract.lua): a hint above an entry added now must come down
+-- to it. Read before the first write, like everything else.
+local lowest = {}   -- bucket -> smallest "<expiry>|<id>" indexed by this call
+for _, w in ipairs(writes) do
+  if indexed(w.new) then
+    local b = bucket_of(w.new)
+    local key = string.sub(member_of(w.new), #b + 2)
+    if lowest[b] == nil or key < lowest[b] then lowest[b] = key end
+  end
+end
+local touched, lower = {}, {}
+for b in pairs(lowest) do touched[#touched + 1] = b end
+if #touched > 0 then
+  local old = redis.call('HMGET', heads, unpack(touched))
+  for i, b in ipairs(touched) do
+    if old[i] and lowest[b] < old[i] then
+      lower[#lower + 1] = b
+      lower[#lower + 1] = lowest[b]
+    end
+  end
+end
+
 local delta = {}
 for _, w in ipairs(writes) do
   if indexed(w.old) then
@@ -93,6 +118,7 @@ end
 for b, n in pairs(delta) do
   if n ~= 0 and redis.call('HINCRBY', buckets, b, n) <= 0 then redis.call('HDEL', buckets, b) end
 end
+if #lower > 0 then redis.call('HSET', heads, unpack(lower)) end
 if latest > 0 then
   for _, key in ipairs(KEYS) do
     local at = redis.call('PEXPIRETIME', key)

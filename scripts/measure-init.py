@@ -63,6 +63,9 @@ def main() -> int:
         "AWS_LAMBDA_LOG_GROUP_NAME": "/aws/lambda/proxy-pool-measure",
         "AWS_LAMBDA_LOG_FORMAT": "JSON",
         "PROXY_POOL_REDIS_URL": "redis://127.0.0.1:1/",
+        # Anonymous: with apiKey (the default) init also fetches the client
+        # registry from Secrets Manager, a network call this cannot time.
+        "PROXY_POOL_AUTH_SCHEMES": "none",
     }
     samples = []
     for i in range(runs):

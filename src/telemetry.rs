@@ -16,6 +16,19 @@ pub fn init(json: bool) {
     };
 }
 
+/// Installs a subscriber that formats every event as Lambda does (JSON, at
+/// `RUST_LOG`, default `info`) and throws the line away: benchmarks pay for
+/// the access log without flooding the terminal.
+pub fn init_discarding() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::sink)
+        .json()
+        .flatten_event(true)
+        .try_init();
+}
+
 /// Whether the Lambda binary should log JSON: as Lambda's own
 /// `AWS_LAMBDA_LOG_FORMAT` says (`JSON` or `Text`, set by the function's
 /// logging configuration), else JSON unless stderr is a terminal, so

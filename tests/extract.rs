@@ -491,3 +491,53 @@ async fn damaged_bucket_count_fails_before_writing() {
     assert_eq!(r.status, 500);
     assert_eq!(h.snapshot().await, before);
 }
+
+/// Bucket hints (`{pp}:heads`) keep first-expired, first-out across buckets
+/// when proxies expiring sooner arrive later, and an entry added behind the
+/// hints' back is still handed out, only later.
+#[tokio::test]
+async fn bucket_hints_keep_fifo_and_hide_nothing() {
+    let h = Harness::start().await;
+    let mut batch = proxies("h", 6);
+    for p in batch.iter_mut().skip(3) {
+        p.region = "beijing".into();
+    }
+    h.load(&batch).await;
+    assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids(), ["h-0000"]);
+    let mut conn = h.redis().await;
+    let hints: Vec<String> = redis::cmd("HKEYS")
+        .arg(keys::HEADS)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!hints.is_empty(), "extraction records its hints");
+
+    // Sooner than everything left, in the bucket whose hint is furthest out.
+    let mut early = proxy("h-early");
+    early.region = "beijing".into();
+    early.expires_at = batch[0].expires_at - 60_000;
+    early.usable_until = early.expires_at;
+    h.load(&[early.clone()]).await;
+    assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids(), ["h-early"]);
+
+    // Planted straight into the index, its bucket's hint not lowered.
+    let mut planted = proxy("h-planted");
+    planted.region = "beijing".into();
+    planted.expires_at = early.expires_at;
+    planted.usable_until = planted.expires_at;
+    h.load(&[planted.clone()]).await;
+    let _: () = redis::cmd("HSET")
+        .arg(keys::HEADS)
+        .arg("http|beijing|telecom|provider-a")
+        .arg("~")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The stale hint only delays it: the other bucket goes first.
+    assert_eq!(
+        h.extract(r#"{"count":2}"#, &[]).await.ids(),
+        ["h-0001", "h-0002"]
+    );
+    let rest = h.extract(r#"{"count":10}"#, &[]).await.ids();
+    assert_eq!(rest, ["h-planted", "h-0003", "h-0004", "h-0005"]);
+}

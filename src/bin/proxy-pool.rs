@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
+use proxy_pool::bench::{Plan, Progress, Target as BenchRedis};
 use proxy_pool::config::Config;
 use proxy_pool::distribution::{App, EXTRACT_PATH};
 use proxy_pool::local::{RedisServer, demo_proxies};
@@ -139,6 +140,46 @@ enum Command {
         #[arg(long, default_value_t = 300)]
         size: usize,
     },
+    /// Measure extraction throughput and latency through the real handler
+    /// against a trivial EVALSHA on the same Redis (see README, Performance).
+    /// Build with --release.
+    Bench {
+        /// Use this Redis instead of a private one. Its current database is
+        /// FLUSHED before and after, so --flush must be given too.
+        #[arg(long)]
+        redis_url: Option<String>,
+        /// Allow the bench to FLUSHDB the Redis named by --redis-url.
+        #[arg(long)]
+        flush: bool,
+        /// Pool sizes (e.g. 1k,100k,1M).
+        #[arg(long, value_delimiter = ',', value_parser = proxy_pool::bench::parse_size)]
+        sizes: Vec<usize>,
+        /// Proxies per request (e.g. 1,10,100).
+        #[arg(long, value_delimiter = ',')]
+        counts: Vec<u32>,
+        /// Concurrent tasks (e.g. 1,8,64).
+        #[arg(long, value_delimiter = ',')]
+        concurrency: Vec<usize>,
+        /// Timed extraction seconds per cell (default 1.5; --quick 0.3).
+        #[arg(long)]
+        seconds: Option<f64>,
+        /// Most timed requests per cell (default 20000; --quick 300).
+        #[arg(long)]
+        max_requests: Option<usize>,
+        /// Trivial EVALSHA seconds per cell, half before and half after (default 1; --quick 0.2).
+        #[arg(long)]
+        baseline_seconds: Option<f64>,
+        /// Send a fresh Idempotency-Key with every request (the script then
+        /// also reads and writes the idempotency record).
+        #[arg(long)]
+        idempotency: bool,
+        /// A smoke run: N=1k, counts 1,10, C 1,8, a few hundred requests per cell.
+        #[arg(long)]
+        quick: bool,
+        /// Print the report as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// The pool and the proxy a contract operation is about.
@@ -166,8 +207,12 @@ struct Holder {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    proxy_pool::telemetry::init(false);
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Bench { .. }) {
+        proxy_pool::telemetry::init_discarding();
+    } else {
+        proxy_pool::telemetry::init(false);
+    }
     let result = match cli.command {
         Command::Serve {
             listen,
@@ -251,6 +296,35 @@ async fn main() -> ExitCode {
                 id: target.id.clone(),
             };
             contract(&target, op).await
+        }
+        Command::Bench {
+            redis_url,
+            flush,
+            sizes,
+            counts,
+            concurrency,
+            seconds,
+            max_requests,
+            baseline_seconds,
+            idempotency,
+            quick,
+            json,
+        } => {
+            let mut plan = if quick { Plan::quick() } else { Plan::full() };
+            if !sizes.is_empty() {
+                plan.sizes = sizes;
+            }
+            if !counts.is_empty() {
+                plan.counts = counts;
+            }
+            if !concurrency.is_empty() {
+                plan.concurrency = concurrency;
+            }
+            plan.seconds = seconds.unwrap_or(plan.seconds);
+            plan.max_requests = max_requests.unwrap_or(plan.max_requests);
+            plan.baseline_seconds = baseline_seconds.unwrap_or(plan.baseline_seconds);
+            plan.idempotency = idempotency;
+            bench(plan, redis_url, flush, json).await
         }
     };
     match result {
@@ -534,6 +608,39 @@ async fn load_demo(redis_url: &str, size: usize) -> CliResult {
         "demo pool: added {added}, refreshed {refreshed}, refused {} (extracted in their current TTL life)",
         statuses.len() - added - refreshed
     );
+    Ok(())
+}
+
+async fn bench(plan: Plan, redis_url: Option<String>, flush: bool, json: bool) -> CliResult {
+    if plan.counts.iter().any(|c| !(1..=1000).contains(c))
+        || plan.concurrency.iter().any(|c| !(1..=1024).contains(c))
+        || !(plan.seconds > 0.0 && plan.baseline_seconds > 0.0)
+        || plan.max_requests == 0
+    {
+        return Err(
+            "counts must be 1..=1000, concurrency 1..=1024, seconds and requests > 0".into(),
+        );
+    }
+    let target = match redis_url {
+        Some(_) if !flush => {
+            return Err(
+                "--redis-url: the bench flushes that Redis database; add --flush to allow it"
+                    .into(),
+            );
+        }
+        Some(url) => BenchRedis::Url(url),
+        None => BenchRedis::Private,
+    };
+    if cfg!(debug_assertions) {
+        eprintln!("proxy-pool bench: this is a debug build; measure with --release");
+    }
+    let progress = Progress::new(std::io::stderr().is_terminal());
+    let report = proxy_pool::bench::run(plan, target, progress).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
     Ok(())
 }
 

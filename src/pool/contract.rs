@@ -213,7 +213,8 @@ impl RedisPool {
             .key(keys::BUCKETS)
             .key(keys::PROXIES)
             .key(keys::HELD)
-            .key(keys::EXPIRY);
+            .key(keys::EXPIRY)
+            .key(keys::HEADS);
         for arg in op.args() {
             inv.arg(arg);
         }

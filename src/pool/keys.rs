@@ -16,6 +16,11 @@ pub const BUCKETS: &str = "{pp}:buckets";
 pub const PROXIES: &str = "{pp}:proxies";
 /// `HASH` proxy id -> Worker id, for proxies CLAIMED or DRAINING.
 pub const HELD: &str = "{pp}:held";
+/// `HASH` bucket -> `"<expiresAt ms, 13 digits>|<id>"`, a lower bound of the
+/// bucket's first entry in [`AVAIL`] that may still be eligible (`"~"`: none).
+/// Written by extraction, lowered by every script that adds to [`AVAIL`]; it
+/// only decides which buckets an extraction probes, never what it may take.
+pub const HEADS: &str = "{pp}:heads";
 /// `ZSET` proxy id -> expiresAt ms, for pruning expired records.
 pub const EXPIRY: &str = "{pp}:expiry";
 

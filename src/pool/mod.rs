@@ -11,6 +11,7 @@
 //! | `{pp}:avail` | ZSET | allocatable index, lex members `bucket|expiry|id` | latest expiry it holds |
 //! | `{pp}:buckets` | HASH | bucket -> members in the index | latest expiry |
 //! | `{pp}:proxies` | HASH | id -> record JSON / tombstone | latest expiry |
+//! | `{pp}:heads` | HASH | bucket -> lower bound of its first eligible entry (probe hint) | latest expiry |
 //! | `{pp}:expiry` | ZSET | id -> expiresAt ms | latest expiry |
 //! | `{pp}:held` | HASH | id -> Worker id while CLAIMED or DRAINING | as `{pp}:proxies` |
 //! | `{pp}:idem:<sha256>` | STRING | digest + committed result | idempotency window |

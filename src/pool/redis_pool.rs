@@ -221,7 +221,10 @@ impl RedisPool {
             upstreams: q.upstreams,
         };
         let mut inv = self.scripts.extract.prepare_invoke();
-        inv.key(keys::AVAIL).key(keys::BUCKETS).key(keys::PROXIES);
+        inv.key(keys::AVAIL)
+            .key(keys::BUCKETS)
+            .key(keys::PROXIES)
+            .key(keys::HEADS);
         inv.arg(q.count)
             .arg(q.fulfillment.as_str())
             .arg(q.reserve)
@@ -309,7 +312,8 @@ impl RedisPool {
         inv.key(keys::AVAIL)
             .key(keys::BUCKETS)
             .key(keys::PROXIES)
-            .key(keys::EXPIRY);
+            .key(keys::EXPIRY)
+            .key(keys::HEADS);
         for p in batch {
             inv.arg(p.to_script_arg());
         }

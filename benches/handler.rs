@@ -1,0 +1,192 @@
+//! The handler's own CPU work per extraction request, Redis taken out.
+//!
+//! `distribution::handle` cannot run without Redis (the extraction script is
+//! the pool), so this measures the pure steps it runs around the one script
+//! call, in the handler's order, on a count=10 request: request id, identity
+//! (anonymous and API key), `Idempotency-Key`, strict body decoding and the
+//! request digest, the script's filter argument, parsing the script's reply,
+//! rendering the 200 body, the response, and the JSON access-log line
+//! (formatted, then discarded). `pipeline/count10` runs them all in sequence.
+//! Not measured: tokio scheduling and redis-rs encoding/decoding (the bench's
+//! `cli us/req` column includes those).
+//!
+//! `cargo bench --bench handler`; `cargo test --all-targets` runs each once.
+
+use std::hint::black_box;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use lambda_http::Body;
+use lambda_http::http::{Request, StatusCode};
+use proxy_pool::bench::synthetic_proxy;
+use proxy_pool::distribution::EXTRACT_PATH;
+use proxy_pool::extraction::{CommittedExtraction, ExtractRequest, Fulfillment, IdempotencyKey};
+use proxy_pool::httpapi::{RequestId, json_response};
+use proxy_pool::security::credentials::CredentialHash;
+use proxy_pool::security::{
+    AuthSchemes, ClientRegistry, Guard, IdentityResolver, PeerAddr, RegistryHandle, SourcePolicy,
+};
+
+const BODY: &str = r#"{"count":10,"fulfillment":"partial","filters":{"protocols":["http","socks5"],"regions":["shanghai"]}}"#;
+const API_KEY: &str = "pp_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+fn request(api_key: bool) -> lambda_http::Request {
+    let mut builder = Request::post(EXTRACT_PATH)
+        .header("content-type", "application/json")
+        .header("idempotency-key", "bench-key-0001")
+        .header("user-agent", "curl/8.5.0");
+    if api_key {
+        builder = builder.header("x-api-key", API_KEY);
+    }
+    let mut request = builder.body(Body::from(BODY)).expect("a valid request");
+    request
+        .extensions_mut()
+        .insert(PeerAddr(([203, 0, 113, 7], 40_000).into()));
+    request
+}
+
+fn guard(api_key: bool) -> Guard {
+    if !api_key {
+        let schemes = AuthSchemes {
+            none: true,
+            ..AuthSchemes::default()
+        };
+        return Guard::new(schemes, SourcePolicy::default(), RegistryHandle::default());
+    }
+    // A registry of 20 clients: every stored key digest is compared.
+    let clients: Vec<String> = (0..20)
+        .map(|i| {
+            let key = if i == 7 {
+                API_KEY.to_owned()
+            } else {
+                format!("pp_other_{i}")
+            };
+            format!(
+                r#"{{"id":"client-{i}","apiKeys":["{}"],"allowedUpstreams":["provider-a","provider-b"]}}"#,
+                CredentialHash::of(key.as_bytes()).encode()
+            )
+        })
+        .collect();
+    let doc = format!(r#"{{"clients":[{}]}}"#, clients.join(","));
+    let registry = ClientRegistry::parse(&doc).expect("a valid registry");
+    let schemes = AuthSchemes {
+        api_key: true,
+        ..AuthSchemes::default()
+    };
+    Guard::new(
+        schemes,
+        SourcePolicy::default(),
+        RegistryHandle::with(registry),
+    )
+}
+
+/// The reply `lua/extract.lua` sends for 10 proxies: the records as stored.
+fn script_reply() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let records: Vec<String> = (0..10)
+        .map(|i| {
+            let json = synthetic_proxy(i, now).to_script_arg();
+            format!(
+                "{},\"status\":\"AVAILABLE\",\"epoch\":0,\"active\":0,\"reserved\":0}}",
+                json.trim_end_matches('}')
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"requestId":"req_01JBENCH0000000000000000","requested":10,"extractedAt":{now},"proxies":[{}]}}"#,
+        records.join(",")
+    )
+}
+
+fn access_log(id: &str, client: &str, done: &CommittedExtraction) {
+    tracing::info!(
+        request_id = id,
+        method = "POST",
+        path = EXTRACT_PATH,
+        status = 200u16,
+        code = "",
+        client_id = client,
+        requested = done.requested,
+        returned = done.proxies.len(),
+        replayed = false,
+        filters = "protocols=http|socks5 regions=shanghai",
+        upstreams = done.upstreams().into_iter().collect::<Vec<_>>().join(","),
+        latency_us = 1234u64,
+        "request"
+    );
+}
+
+fn handler(c: &mut Criterion) {
+    // The access log as in Lambda: JSON, one line per request, here discarded.
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::sink)
+        .json()
+        .flatten_event(true)
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+
+    let anonymous = guard(false);
+    let keyed = guard(true);
+    let anonymous_request = request(false);
+    let keyed_request = request(true);
+    let reply = script_reply();
+    let done: CommittedExtraction = serde_json::from_str(&reply).expect("a valid reply");
+
+    c.bench_function("request_id", |b| {
+        b.iter(|| RequestId::from_headers(black_box(anonymous_request.headers())))
+    });
+    c.bench_function("identity/anonymous", |b| {
+        b.iter(|| anonymous.resolve(black_box(&anonymous_request)))
+    });
+    c.bench_function("identity/api_key_20_clients", |b| {
+        b.iter(|| keyed.resolve(black_box(&keyed_request)))
+    });
+    c.bench_function("decode_and_digest", |b| {
+        b.iter(|| {
+            let key = IdempotencyKey::from_headers(anonymous_request.headers());
+            let decoded = ExtractRequest::decode(black_box(BODY.as_bytes()), 100);
+            let digest = decoded.ok().map(|d| d.digest(Fulfillment::Partial));
+            (key.is_ok(), digest)
+        })
+    });
+    c.bench_function("parse_reply/count10", |b| {
+        b.iter(|| serde_json::from_str::<CommittedExtraction>(black_box(&reply)))
+    });
+    c.bench_function("render/count10", |b| b.iter(|| black_box(&done).render()));
+    c.bench_function("access_log", |b| {
+        b.iter(|| access_log("req_01JBENCH0000000000000000", "ip:203.0.113.7", &done))
+    });
+    c.bench_function("pipeline/count10", |b| {
+        b.iter(|| {
+            let request = black_box(&keyed_request);
+            let id = RequestId::from_headers(request.headers()).unwrap_or_else(|e| e);
+            let identity = keyed.resolve(request).ok()?;
+            let key = IdempotencyKey::from_headers(request.headers()).ok()?;
+            let Body::Text(body) = request.body() else {
+                return None;
+            };
+            let decoded = ExtractRequest::decode(body.as_bytes(), 100).ok()?;
+            let digest = key.map(|_| decoded.digest(Fulfillment::Partial));
+            let filters = serde_json::to_string(&decoded.filters).ok()?;
+            let done: CommittedExtraction = serde_json::from_str(black_box(&reply)).ok()?;
+            let response = json_response(StatusCode::OK, done.render(), &id);
+            access_log(id.as_str(), &identity.client_id, &done);
+            Some((digest, filters, response))
+        })
+    });
+}
+
+fn quick() -> Criterion {
+    Criterion::default()
+        .warm_up_time(std::time::Duration::from_millis(500))
+        .measurement_time(std::time::Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = benches;
+    config = quick();
+    targets = handler
+}
+criterion_main!(benches);

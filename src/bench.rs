@@ -1,0 +1,886 @@
+//! `proxy-pool bench`: extraction throughput and latency through the real
+//! handler, measured against the ceiling of the same Redis in the same run.
+//!
+//! For each pool size N the database is flushed and filled with N synthetic
+//! proxies ([`synthetic_proxy`]: 18 buckets, TEST-NET addresses). Then every
+//! (count, C) cell:
+//!
+//! 1. runs a trivial `EVALSHA` (`return 1`) from C tasks over the same kind of
+//!    connection the handler uses (the pool's `PoolConnection`), for half
+//!    the baseline time, before and again after the extraction, so slow
+//!    neighbours on a shared machine hit both sides of the ratio alike;
+//! 2. drives [`distribution::handle`] from C tasks with
+//!    `POST /api/v1/proxies/extract` `{"count":K}`, anonymous (`AuthSchemes`
+//!    `none`), rate limits off, no `Idempotency-Key` unless asked, and the
+//!    access log formatted as in Lambda (JSON) but discarded.
+//!
+//! Extraction consumes the pool, so a cell runs in rounds: before each round
+//! the pool is topped up to its target size and a round takes at most half of
+//! it. The target is N, except where C concurrent requests of `count` would
+//! not fit in half of N; there it is `2 * C * count` (marked `*` in the table).
+//! Only the rounds are timed; top-ups are not. Every request must return 200
+//! with `count` proxies; anything else is counted as short or failed.
+//!
+//! Besides the client-side figures, each cell reads Redis's own cost of the
+//! extraction script (`INFO commandstats` `usec` / `calls` of `evalsha`, and
+//! `INFO cpu` per call) over exactly the timed rounds, and the bench's own
+//! CPU time per request (handler + redis-rs + tokio, `getrusage`).
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::pool::PoolConnection;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use lambda_http::Body;
+use lambda_http::http::{Request, StatusCode};
+use redis::Script;
+use serde::Serialize;
+use tokio::task::JoinSet;
+
+use crate::config::Config;
+use crate::distribution::{self, App, EXTRACT_PATH};
+use crate::local::{LocalError, RedisServer};
+use crate::pool::{NewProxy, PoolError, RedisPool, UpsertStatus, keys};
+use crate::security::{AuthSchemes, Guard, PeerAddr, RegistryHandle, SourcePolicy};
+
+/// Protocols of the synthetic pool.
+const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
+/// Regions of the synthetic pool.
+const REGIONS: [&str; 3] = ["shanghai", "beijing", "guangzhou"];
+/// Upstreams of the synthetic pool.
+const UPSTREAMS: [&str; 2] = ["provider-a", "provider-b"];
+/// Filter buckets of the synthetic pool (one carrier).
+pub const BUCKETS: usize = PROTOCOLS.len() * REGIONS.len() * UPSTREAMS.len();
+/// Proxies per `upsert` call while filling, and calls in flight.
+const FILL_CHUNK: usize = 2000;
+const FILL_IN_FLIGHT: usize = 4;
+
+/// What to measure.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// Pool sizes N.
+    pub sizes: Vec<usize>,
+    /// Proxies per request.
+    pub counts: Vec<u32>,
+    /// Concurrent tasks C.
+    pub concurrency: Vec<usize>,
+    /// Timed extraction per cell (rounds only, top-ups excluded).
+    pub seconds: f64,
+    /// Most requests per cell.
+    pub max_requests: usize,
+    /// Trivial `EVALSHA` time per cell (half before, half after).
+    pub baseline_seconds: f64,
+    /// Send a fresh `Idempotency-Key` with every request.
+    pub idempotency: bool,
+}
+
+impl Plan {
+    /// The full matrix: N in {1k, 100k, 1M}, count in {1, 10, 100}, C in {1, 8, 64}.
+    pub fn full() -> Self {
+        Self {
+            sizes: vec![1_000, 100_000, 1_000_000],
+            counts: vec![1, 10, 100],
+            concurrency: vec![1, 8, 64],
+            seconds: 1.5,
+            max_requests: 20_000,
+            baseline_seconds: 1.0,
+            idempotency: false,
+        }
+    }
+
+    /// A smoke run for CI: N = 1k, a few hundred requests per cell.
+    pub fn quick() -> Self {
+        Self {
+            sizes: vec![1_000],
+            counts: vec![1, 10],
+            concurrency: vec![1, 8],
+            seconds: 0.3,
+            max_requests: 300,
+            baseline_seconds: 0.2,
+            idempotency: false,
+        }
+    }
+}
+
+/// Why the bench could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The private Redis did not start.
+    #[error(transparent)]
+    Local(#[from] LocalError),
+    /// The pool failed (kind and code only).
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// A raw Redis command failed (kind and code only).
+    #[error("redis: {0}")]
+    Redis(String),
+    /// The run cannot go on (e.g. the fill was refused).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<redis::RedisError> for BenchError {
+    fn from(e: redis::RedisError) -> Self {
+        Self::Redis(format!("{:?} {}", e.kind(), e.code().unwrap_or("")))
+    }
+}
+
+/// One (N, count, C) cell.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cell {
+    /// Pool size N.
+    pub pool: usize,
+    /// Pool size at the start of each round (N, or `2 * C * count` if larger).
+    pub pool_at_round_start: usize,
+    /// Proxies per request.
+    pub count: u32,
+    /// Concurrent tasks.
+    pub concurrency: usize,
+    /// Timed requests.
+    pub requests: usize,
+    /// Proxies handed out by them.
+    pub proxies: u64,
+    /// Timed seconds (sum of the rounds).
+    pub seconds: f64,
+    /// Requests per second.
+    pub extractions_per_sec: f64,
+    /// Proxies per second.
+    pub proxies_per_sec: f64,
+    /// Latency percentiles of `handle`, microseconds.
+    pub p50_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// 99.9th percentile.
+    pub p999_us: u64,
+    /// Slowest request.
+    pub max_us: u64,
+    /// Trivial `EVALSHA` per second at the same concurrency.
+    pub trivial_evalsha_per_sec: f64,
+    /// `extractions_per_sec / trivial_evalsha_per_sec`.
+    pub ratio: f64,
+    /// Redis's `usec_per_call` of `evalsha` while extracting.
+    pub server_us_per_call: Option<f64>,
+    /// Redis process CPU (`INFO cpu`) per extraction, microseconds.
+    pub redis_cpu_us_per_call: Option<f64>,
+    /// Bench process CPU per request (handler, redis-rs, tokio), microseconds.
+    pub client_cpu_us_per_request: Option<f64>,
+    /// Requests answered 200 with fewer than `count` proxies.
+    pub short: usize,
+    /// Requests answered with another status.
+    pub failed: usize,
+}
+
+/// How long one fill took.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fill {
+    /// Pool size N.
+    pub pool: usize,
+    /// Seconds to add N proxies.
+    pub seconds: f64,
+    /// Proxies added per second.
+    pub per_sec: f64,
+}
+
+/// The outcome of a run.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// What was asked for.
+    pub plan: Plan,
+    /// `redis_version` from `INFO server`.
+    pub redis_version: String,
+    /// Online CPUs of this machine.
+    pub cpus: usize,
+    /// Filter buckets in the pool (every request matches all of them).
+    pub buckets: usize,
+    /// Fill times.
+    pub fills: Vec<Fill>,
+    /// The cells, in run order.
+    pub cells: Vec<Cell>,
+    /// Peak resident memory of the bench process (handler + load), KiB.
+    pub peak_rss_kib: Option<u64>,
+}
+
+/// Where the pool lives during the run.
+pub enum Target {
+    /// A private `redis-server` started for the run.
+    Private,
+    /// An existing Redis whose current database the bench may flush.
+    Url(String),
+}
+
+/// Progress on stderr: a bar on a terminal, plain lines otherwise.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    /// A bar when `terminal`, else plain lines.
+    pub fn new(terminal: bool) -> Self {
+        let bar = terminal.then(|| {
+            let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.enable_steady_tick(Duration::from_millis(200));
+            bar
+        });
+        Self { bar }
+    }
+
+    fn start(&self, len: u64, msg: String) {
+        match &self.bar {
+            Some(bar) => {
+                bar.reset();
+                bar.set_length(len);
+                bar.set_position(0);
+                bar.set_message(msg);
+            }
+            None => eprintln!("bench: {msg}"),
+        }
+    }
+
+    fn inc(&self, n: u64) {
+        if let Some(bar) = &self.bar {
+            bar.inc(n);
+        }
+    }
+
+    fn note(&self, line: String) {
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("bench: {line}"),
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// The synthetic proxy number `seq`: TEST-NET-2 addresses, one of
+/// [`BUCKETS`] buckets, expiring 15 to 45 minutes after `now_ms` in an order
+/// unrelated to `seq`, healthy as of `now_ms`.
+pub fn synthetic_proxy(seq: u64, now_ms: i64) -> NewProxy {
+    let mix = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
+    let expires_at = now_ms + 900_000 + (mix % 1_800_000) as i64;
+    let bucket = (seq as usize) % BUCKETS;
+    NewProxy {
+        id: format!("bench-{seq:010}"),
+        protocol: PROTOCOLS[bucket % 3].into(),
+        host: format!("198.51.100.{}", seq % 254 + 1),
+        port: 10_000 + (seq % 50_000) as u16,
+        username: Some(format!("u{seq}")),
+        password: Some(format!("pw-{:012x}", mix & 0xffff_ffff_ffff)),
+        region: REGIONS[bucket / 3 % 3].into(),
+        carrier: "telecom".into(),
+        upstream: UPSTREAMS[bucket / 9 % 2].into(),
+        expires_at,
+        usable_until: expires_at - 30_000,
+        health_ok: true,
+        health_checked_at: now_ms,
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Everything a run shares.
+struct Bench {
+    app: Arc<App>,
+    pool: RedisPool,
+    conn: PoolConnection,
+    trivial: Arc<Script>,
+    next_seq: AtomicU64,
+    next_key: AtomicU64,
+    progress: Progress,
+    idempotency: bool,
+}
+
+/// Runs `plan` against `target`.
+pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Report, BenchError> {
+    // The private Redis lives as long as this function.
+    let mut private = None;
+    let url = match target {
+        Target::Private => {
+            let server = RedisServer::start().await?;
+            let url = server.url();
+            private = Some(server);
+            url
+        }
+        Target::Url(url) => url,
+    };
+    let max_count = plan.counts.iter().copied().max().unwrap_or(1).max(100);
+    let config = Config {
+        redis_url: Some(url.clone()),
+        auth_schemes: AuthSchemes {
+            none: true,
+            ..AuthSchemes::default()
+        },
+        client_rate: None,
+        global_rate: None,
+        max_count_per_request: max_count,
+        // The pool is filled once per N and the run lasts minutes: its health
+        // checks must stay fresh for the whole run.
+        max_health_check_age: Duration::from_secs(3600),
+        ..Config::default()
+    };
+    let pool = RedisPool::new(&url, config.redis_timeout)?;
+    let guard = Guard::new(
+        config.auth_schemes,
+        SourcePolicy::default(),
+        RegistryHandle::default(),
+    );
+    let app = Arc::new(App::new(&config, pool.clone(), Arc::new(guard)));
+    let mut conn = pool.connection();
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await?;
+    let redis_version = info_field(&info, "redis_version").unwrap_or_default();
+    let bench = Bench {
+        app,
+        conn,
+        pool,
+        trivial: Arc::new(Script::new("return 1")),
+        next_seq: AtomicU64::new(0),
+        next_key: AtomicU64::new(0),
+        progress,
+        idempotency: plan.idempotency,
+    };
+    let mut fills = Vec::new();
+    let mut cells = Vec::new();
+    for &n in &plan.sizes {
+        redis::cmd("FLUSHDB")
+            .query_async::<()>(&mut bench.conn.clone())
+            .await?;
+        bench
+            .progress
+            .start(n as u64, format!("filling a pool of {}", human(n)));
+        let started = Instant::now();
+        bench.add(n, true).await?;
+        let seconds = started.elapsed().as_secs_f64();
+        bench.progress.note(format!(
+            "filled {} proxies in {seconds:.1} s ({:.0}/s)",
+            human(n),
+            n as f64 / seconds
+        ));
+        fills.push(Fill {
+            pool: n,
+            seconds,
+            per_sec: n as f64 / seconds,
+        });
+        let total = plan.counts.len() * plan.concurrency.len();
+        bench
+            .progress
+            .start(total as u64, format!("N={}", human(n)));
+        for &count in &plan.counts {
+            for &c in &plan.concurrency {
+                let cell = bench.cell(&plan, n, count, c).await?;
+                bench.progress.note(row(&cell));
+                bench.progress.inc(1);
+                cells.push(cell);
+            }
+        }
+    }
+    bench.progress.finish();
+    redis::cmd("FLUSHDB")
+        .query_async::<()>(&mut bench.conn.clone())
+        .await?;
+    drop(private);
+    Ok(Report {
+        plan,
+        redis_version,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        buckets: BUCKETS,
+        fills,
+        cells,
+        peak_rss_kib: peak_rss_kib(),
+    })
+}
+
+/// What the C tasks of one round observed.
+#[derive(Default)]
+struct Round {
+    latencies_us: Vec<u64>,
+    proxies: u64,
+    short: usize,
+    failed: usize,
+}
+
+/// Redis counters read around a timed window.
+#[derive(Clone, Copy, Default)]
+struct ServerStats {
+    evalsha_calls: u64,
+    evalsha_usec: u64,
+    cpu_seconds: f64,
+}
+
+impl Bench {
+    /// Adds `n` fresh synthetic proxies, several upsert calls in flight.
+    async fn add(&self, n: usize, show: bool) -> Result<(), BenchError> {
+        let first = self.next_seq.fetch_add(n as u64, Ordering::Relaxed);
+        let now = now_ms();
+        let mut tasks = JoinSet::new();
+        let mut start = 0;
+        while start < n || !tasks.is_empty() {
+            while start < n && tasks.len() < FILL_IN_FLIGHT {
+                let len = FILL_CHUNK.min(n - start);
+                let pool = self.pool.clone();
+                let from = first + start as u64;
+                tasks.spawn(async move {
+                    let batch: Vec<NewProxy> = (from..from + len as u64)
+                        .map(|seq| synthetic_proxy(seq, now))
+                        .collect();
+                    let statuses = pool.upsert(&batch).await?;
+                    let added = statuses
+                        .iter()
+                        .filter(|s| **s == UpsertStatus::Added)
+                        .count();
+                    Ok::<_, PoolError>((len, added))
+                });
+                start += len;
+            }
+            if let Some(joined) = tasks.join_next().await {
+                let (len, added) = joined.map_err(|e| BenchError::Failed(e.to_string()))??;
+                if added != len {
+                    return Err(BenchError::Failed(format!(
+                        "the pool refused {} of {len} synthetic proxies",
+                        len - added
+                    )));
+                }
+                if show {
+                    self.progress.inc(len as u64);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tops the index up to `target` entries.
+    async fn top_up(&self, target: usize) -> Result<(), BenchError> {
+        let have: usize = redis::cmd("ZCARD")
+            .arg(keys::AVAIL)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        if have < target {
+            self.add(target - have, false).await?;
+        }
+        Ok(())
+    }
+
+    async fn server_stats(&self) -> Result<ServerStats, BenchError> {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .arg("commandstats")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let mut stats = ServerStats::default();
+        if let Some(line) = info.lines().find(|l| l.starts_with("cmdstat_evalsha:")) {
+            for part in line["cmdstat_evalsha:".len()..].split(',') {
+                match part.split_once('=') {
+                    Some(("calls", v)) => stats.evalsha_calls = v.parse().unwrap_or(0),
+                    Some(("usec", v)) => stats.evalsha_usec = v.parse().unwrap_or(0),
+                    _ => {}
+                }
+            }
+        }
+        let cpu = |name| info_field(&info, name).and_then(|v| v.parse::<f64>().ok());
+        stats.cpu_seconds =
+            cpu("used_cpu_user").unwrap_or(0.0) + cpu("used_cpu_sys").unwrap_or(0.0);
+        Ok(stats)
+    }
+
+    /// One (N, count, C) cell.
+    async fn cell(&self, plan: &Plan, n: usize, count: u32, c: usize) -> Result<Cell, BenchError> {
+        let target = n.max(2 * c * count as usize);
+        let per_round = (target / 2 / count as usize).max(c);
+        let baseline = Duration::from_secs_f64(plan.baseline_seconds / 2.0);
+        let timed = Duration::from_secs_f64(plan.seconds);
+
+        // Warm-up: connections, script cache, allocator.
+        self.top_up(target).await?;
+        self.round(count, c, c, Duration::from_secs(5)).await;
+
+        let (mut trivial_calls, mut trivial_secs) = self.trivial(c, baseline).await?;
+        let mut all = Round::default();
+        let mut elapsed = Duration::ZERO;
+        let (mut calls, mut usec, mut redis_cpu, mut client_cpu) = (0u64, 0u64, 0.0f64, 0.0f64);
+        let mut cpu_known = true;
+        while elapsed < timed && all.latencies_us.len() < plan.max_requests {
+            self.top_up(target).await?;
+            let budget = per_round.min(plan.max_requests - all.latencies_us.len());
+            let before = self.server_stats().await?;
+            let cpu_before = process_cpu_seconds();
+            let started = Instant::now();
+            let round = self.round(count, c, budget, timed - elapsed).await;
+            elapsed += started.elapsed();
+            let cpu_after = process_cpu_seconds();
+            let after = self.server_stats().await?;
+            calls += after.evalsha_calls.saturating_sub(before.evalsha_calls);
+            usec += after.evalsha_usec.saturating_sub(before.evalsha_usec);
+            redis_cpu += after.cpu_seconds - before.cpu_seconds;
+            match (cpu_before, cpu_after) {
+                (Some(a), Some(b)) => client_cpu += b - a,
+                _ => cpu_known = false,
+            }
+            all.latencies_us.extend(round.latencies_us);
+            all.proxies += round.proxies;
+            all.short += round.short;
+            all.failed += round.failed;
+        }
+        let (calls2, secs2) = self.trivial(c, baseline).await?;
+        trivial_calls += calls2;
+        trivial_secs += secs2;
+
+        let requests = all.latencies_us.len();
+        let seconds = elapsed.as_secs_f64();
+        all.latencies_us.sort_unstable();
+        let pct = |q: f64| percentile(&all.latencies_us, q);
+        let rate = requests as f64 / seconds.max(1e-9);
+        let trivial_rate = trivial_calls as f64 / trivial_secs.max(1e-9);
+        let per_call = |total: f64| (calls > 0).then(|| total / calls as f64);
+        Ok(Cell {
+            pool: n,
+            pool_at_round_start: target,
+            count,
+            concurrency: c,
+            requests,
+            proxies: all.proxies,
+            seconds,
+            extractions_per_sec: rate,
+            proxies_per_sec: all.proxies as f64 / seconds.max(1e-9),
+            p50_us: pct(0.50),
+            p99_us: pct(0.99),
+            p999_us: pct(0.999),
+            max_us: all.latencies_us.last().copied().unwrap_or(0),
+            trivial_evalsha_per_sec: trivial_rate,
+            ratio: rate / trivial_rate.max(1e-9),
+            server_us_per_call: per_call(usec as f64),
+            redis_cpu_us_per_call: per_call(redis_cpu * 1e6),
+            client_cpu_us_per_request: (cpu_known && requests > 0)
+                .then(|| client_cpu * 1e6 / requests as f64),
+            short: all.short,
+            failed: all.failed,
+        })
+    }
+
+    /// `budget` requests through the handler from `c` tasks, or until `limit`.
+    async fn round(&self, count: u32, c: usize, budget: usize, limit: Duration) -> Round {
+        let remaining = Arc::new(AtomicUsize::new(budget));
+        let deadline = Instant::now() + limit;
+        let body = format!("{{\"count\":{count}}}");
+        let mut tasks = JoinSet::new();
+        for task in 0..c {
+            let app = self.app.clone();
+            let remaining = remaining.clone();
+            let body = body.clone();
+            let keys = self
+                .idempotency
+                .then(|| self.next_key.fetch_add(1, Ordering::Relaxed));
+            tasks.spawn(async move {
+                let mut round = Round::default();
+                let peer = PeerAddr(([127, 0, 0, 1], 40_000 + task as u16).into());
+                let mut i = 0u64;
+                while remaining
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1))
+                    .is_ok()
+                    && Instant::now() < deadline
+                {
+                    let mut request =
+                        Request::post(EXTRACT_PATH).header("content-type", "application/json");
+                    if let Some(base) = keys {
+                        request = request.header("idempotency-key", format!("bench-{base:x}-{i}"));
+                    }
+                    i += 1;
+                    let Ok(mut request) = request.body(Body::from(body.clone())) else {
+                        round.failed += 1;
+                        continue;
+                    };
+                    request.extensions_mut().insert(peer);
+                    let started = Instant::now();
+                    let response = distribution::handle(&app, request).await;
+                    round
+                        .latencies_us
+                        .push(started.elapsed().as_micros() as u64);
+                    if response.status() != StatusCode::OK {
+                        round.failed += 1;
+                        continue;
+                    }
+                    let returned = match response.body() {
+                        Body::Text(s) => returned(s),
+                        _ => None,
+                    }
+                    .unwrap_or(0);
+                    round.proxies += returned;
+                    if returned < u64::from(count) {
+                        round.short += 1;
+                    }
+                }
+                round
+            });
+        }
+        let mut all = Round::default();
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok(r) = joined {
+                all.latencies_us.extend(r.latencies_us);
+                all.proxies += r.proxies;
+                all.short += r.short;
+                all.failed += r.failed;
+            }
+        }
+        all
+    }
+
+    /// Trivial `EVALSHA` calls from `c` tasks for `limit`: (calls, seconds).
+    async fn trivial(&self, c: usize, limit: Duration) -> Result<(u64, f64), BenchError> {
+        self.trivial
+            .invoke_async::<_, i64>(&mut self.conn.clone())
+            .await?;
+        let done = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let deadline = started + limit;
+        let mut tasks = JoinSet::new();
+        for _ in 0..c {
+            let mut conn = self.conn.clone();
+            let script = self.trivial.clone();
+            let done = done.clone();
+            tasks.spawn(async move {
+                while Instant::now() < deadline {
+                    script.invoke_async::<_, i64>(&mut conn).await?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, redis::RedisError>(())
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            joined.map_err(|e| BenchError::Failed(e.to_string()))??;
+        }
+        Ok((
+            done.load(Ordering::Relaxed),
+            started.elapsed().as_secs_f64(),
+        ))
+    }
+}
+
+/// `returned` of a 200 extraction body, read without parsing the whole body.
+fn returned(body: &str) -> Option<u64> {
+    let at = body.find("\"returned\":")? + "\"returned\":".len();
+    let digits: String = body[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// The `q` quantile of sorted `values` (nearest rank).
+fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn info_field(info: &str, name: &str) -> Option<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+}
+
+/// User + system CPU time of this process (Linux), seconds.
+fn process_cpu_seconds() -> Option<f64> {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return None;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Some(secs(usage.ru_utime) + secs(usage.ru_stime))
+}
+
+/// `VmHWM` of this process (Linux), KiB.
+pub fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `1k`, `100k`, `1M` for round sizes, the number otherwise.
+pub fn human(n: usize) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+/// Parses `1000`, `1k`, `100k`, `1M`.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, factor) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 1_000),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 1_000_000),
+        _ => (s, 1),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .map(|d| d * factor)
+        .filter(|n| (1..=50_000_000).contains(n))
+        .ok_or_else(|| format!("`{s}` is not a pool size like 1000, 100k or 1M"))
+}
+
+const HEADER: &str = "       N  count    C     ext/s  proxies/s   p50 us   p99 us  p999 us  trivial/s  ratio  srv us/call  cli us/req";
+
+fn row(c: &Cell) -> String {
+    let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    let mark = if c.pool_at_round_start > c.pool {
+        "*"
+    } else {
+        " "
+    };
+    let mut line = format!(
+        "{:>7}{mark} {:>5} {:>4} {:>9.0} {:>10.0} {:>8} {:>8} {:>8} {:>10.0} {:>6.2} {:>12} {:>11}",
+        human(c.pool),
+        c.count,
+        c.concurrency,
+        c.extractions_per_sec,
+        c.proxies_per_sec,
+        c.p50_us,
+        c.p99_us,
+        c.p999_us,
+        c.trivial_evalsha_per_sec,
+        c.ratio,
+        opt(c.server_us_per_call),
+        opt(c.client_cpu_us_per_request),
+    );
+    if c.short + c.failed > 0 {
+        let _ = write!(line, "  ({} short, {} failed)", c.short, c.failed);
+    }
+    line
+}
+
+impl Report {
+    /// The human-readable table.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "proxy-pool bench: redis {} on {} CPUs, {} buckets, every request unfiltered (all buckets), {}, rate limits off, anonymous",
+            self.redis_version,
+            self.cpus,
+            self.buckets,
+            if self.plan.idempotency {
+                "with Idempotency-Key"
+            } else {
+                "no Idempotency-Key"
+            }
+        );
+        for f in &self.fills {
+            let _ = writeln!(
+                out,
+                "fill N={}: {:.1} s ({:.0} proxies/s)",
+                human(f.pool),
+                f.seconds,
+                f.per_sec
+            );
+        }
+        let _ = writeln!(out, "{HEADER}");
+        for c in &self.cells {
+            let _ = writeln!(out, "{}", row(c));
+        }
+        let _ = writeln!(
+            out,
+            "ratio = ext/s / trivial EVALSHA (return 1)/s, same Redis, same connection type, same C, measured around each cell."
+        );
+        let _ = writeln!(
+            out,
+            "srv us/call = Redis usec_per_call of the extraction script; cli us/req = bench CPU per request (handler + redis-rs + tokio)."
+        );
+        if self.cells.iter().any(|c| c.pool_at_round_start > c.pool) {
+            let _ = writeln!(
+                out,
+                "* C x count does not fit in half of N: the pool starts each round at 2 x C x count instead."
+            );
+        }
+        if let Some(kib) = self.peak_rss_kib {
+            let _ = writeln!(
+                out,
+                "peak RSS of the bench process (handler + load generator): {:.1} MiB",
+                kib as f64 / 1024.0
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sizes parse with suffixes and print back the same way.
+    #[test]
+    fn sizes_round_trip() {
+        for s in ["1k", "100k", "1M", "1500"] {
+            assert_eq!(human(parse_size(s).unwrap()), s);
+        }
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("lots").is_err());
+    }
+
+    /// Nearest-rank percentiles.
+    #[test]
+    fn percentiles() {
+        let v: Vec<u64> = (1..=1000).collect();
+        assert_eq!(percentile(&v, 0.5), 500);
+        assert_eq!(percentile(&v, 0.99), 990);
+        assert_eq!(percentile(&v, 0.999), 999);
+        assert_eq!(percentile(&[7], 0.999), 7);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    /// The synthetic pool covers every bucket and is valid for the upsert script.
+    #[test]
+    fn synthetic_pool_spreads_over_buckets() {
+        let buckets: std::collections::BTreeSet<String> = (0..BUCKETS as u64 * 3)
+            .map(|i| {
+                let p = synthetic_proxy(i, 0);
+                format!("{}|{}|{}|{}", p.protocol, p.region, p.carrier, p.upstream)
+            })
+            .collect();
+        assert_eq!(buckets.len(), BUCKETS);
+        let p = synthetic_proxy(12345, 1_000_000);
+        assert!(p.expires_at >= 1_000_000 + 900_000 && p.expires_at < 1_000_000 + 2_700_000);
+        assert!(p.usable_until < p.expires_at);
+    }
+
+    /// The returned count is read from the rendered body.
+    #[test]
+    fn reads_returned() {
+        assert_eq!(
+            returned(r#"{"requestId":"req_1","requested":5,"returned":3,"proxies":[]}"#),
+            Some(3)
+        );
+        assert_eq!(returned("{}"), None);
+    }
+}

@@ -1,0 +1,65 @@
+//! `proxy-pool bench` as an operator runs it: a tiny smoke run of the real
+//! binary against its private Redis (the full matrix is run by hand, see
+//! README, Performance).
+
+use serde_json::Value;
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_proxy-pool");
+
+/// A quick run fills a pool, drives the handler and the trivial-EVALSHA
+/// baseline, and reports every cell with full extractions and no failures.
+#[tokio::test]
+async fn quick_bench_reports_every_cell() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--quick",
+            "--json",
+            "--sizes",
+            "1k",
+            "--counts",
+            "1,10",
+            "--concurrency",
+            "1,4",
+            "--max-requests",
+            "60",
+            "--seconds",
+            "0.2",
+            "--baseline-seconds",
+            "0.1",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    let cells = report["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 4);
+    for cell in cells {
+        assert!(cell["requests"].as_u64().unwrap() > 0, "{cell}");
+        assert_eq!(cell["failed"], 0, "{cell}");
+        assert_eq!(cell["short"], 0, "{cell}");
+        assert_eq!(
+            cell["proxies"].as_u64().unwrap(),
+            cell["requests"].as_u64().unwrap() * cell["count"].as_u64().unwrap()
+        );
+        assert!(cell["trivialEvalshaPerSec"].as_f64().unwrap() > 0.0);
+        assert!(cell["ratio"].as_f64().unwrap() > 0.0);
+        assert!(cell["serverUsPerCall"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(report["buckets"], 18);
+}
+
+/// An existing Redis is flushed only with explicit consent.
+#[tokio::test]
+async fn bench_refuses_to_flush_without_consent() {
+    let out = Command::new(BIN)
+        .args(["bench", "--quick", "--redis-url", "redis://127.0.0.1:1/"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--flush"));
+}
