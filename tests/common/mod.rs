@@ -184,6 +184,26 @@ impl Harness {
             .unwrap()
     }
 
+    /// Asserts that every key carries a TTL ending no later than `limit`
+    /// (Unix ms); returns the keys.
+    pub async fn assert_keys_expire_by(&self, limit: i64) -> Vec<String> {
+        let mut conn = self.redis().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        for k in &keys {
+            let at: i64 = redis::cmd("PEXPIRETIME")
+                .arg(k)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert!(at > 0 && at <= limit, "{k} expires at {at}, after {limit}");
+        }
+        keys
+    }
+
     /// Every key with its contents and expiry, in a canonical order, to
     /// prove that nothing changed (DUMP is not stable for hash tables).
     pub async fn snapshot(&self) -> BTreeMap<String, String> {
