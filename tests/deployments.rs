@@ -354,7 +354,30 @@ async fn replica_acknowledgement_before_answering() {
                 let p = info(&mut connect(&primary).await, &["INFO", "replication"]).await;
                 let r = info(&mut connect(&replica).await, &["INFO", "replication"]).await;
                 match want {
-                    "up" => p.contains("connected_slaves:1") && r.contains("master_link_status:up"),
+                    // Linked, and acknowledging: a replica that has just
+                    // synced can take a moment before its first ACK, and
+                    // until then a WAIT (rightly) times out.
+                    "up" => {
+                        // WAIT counts acknowledgements of this connection's
+                        // own writes: write something first.
+                        let mut probe = connect(&primary).await;
+                        let _: Result<(), _> = redis::cmd("SET")
+                            .arg("replication-probe")
+                            .arg(1)
+                            .arg("PX")
+                            .arg(1000)
+                            .query_async(&mut probe)
+                            .await;
+                        let acks: i64 = redis::cmd("WAIT")
+                            .arg(1)
+                            .arg(100)
+                            .query_async(&mut probe)
+                            .await
+                            .unwrap_or(0);
+                        p.contains("connected_slaves:1")
+                            && r.contains("master_link_status:up")
+                            && acks >= 1
+                    }
                     _ => p.contains("connected_slaves:0"),
                 }
             }
@@ -379,7 +402,7 @@ async fn replica_acknowledgement_before_answering() {
         me,
     )
     .await;
-    assert_eq!(r.ids(), ["rep-0000", "rep-0001"]);
+    assert_eq!(r.ids(), ["rep-0000", "rep-0001"], "{}", r.body);
     assert_eq!(
         record_status(&mut on_replica, "rep-0000").await.as_deref(),
         Some("EXTRACTED")
