@@ -206,18 +206,8 @@ async fn claims_and_extractions_never_overlap() {
         tasks.push(tokio::spawn(async move {
             let mut extracted = Vec::new();
             for _ in 0..10 {
-                let mut req =
-                    lambda_http::http::Request::post(proxy_pool::distribution::EXTRACT_PATH)
-                        .header("content-type", "application/json")
-                        .body(lambda_http::Body::from(r#"{"count":3}"#))
-                        .unwrap();
-                req.extensions_mut().insert(proxy_pool::security::PeerAddr(
-                    format!("127.0.1.{c}:1").parse().unwrap(),
-                ));
-                let r = common::reply(
-                    proxy_pool::distribution::EXTRACT_PATH,
-                    proxy_pool::distribution::handle(&app, req).await,
-                );
+                let peer = format!("127.0.1.{c}:1");
+                let r = common::extract_as(&app, r#"{"count":3}"#, &[], &peer).await;
                 assert_eq!(r.status, 200);
                 extracted.extend(r.ids());
             }

@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Reply, app_over, extract_request, proxies, send, test_config};
+use common::{Reply, app_over, extract_as, proxies, send, test_config};
 use lambda_http::Body;
 use lambda_http::http::Request;
 use proxy_pool::distribution::App;
 use proxy_pool::local::{RedisServer, TlsFiles};
 use proxy_pool::pool::{RedisPool, keys};
-use proxy_pool::security::{PeerAddr, Rate};
+use proxy_pool::security::Rate;
 use redis::aio::MultiplexedConnection;
 
 /// A directory of its own for one test's files.
@@ -63,12 +63,6 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: imp
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-async fn extract(app: &App, body: &str, headers: &[(&str, &str)], peer: &str) -> Reply {
-    let mut req = extract_request(body, headers);
-    req.extensions_mut().insert(PeerAddr(peer.parse().unwrap()));
-    send(app, req).await
 }
 
 async fn ready(app: &App) -> Reply {
@@ -165,13 +159,13 @@ async fn works_on_a_redis_cluster() {
 
     let me = "127.0.0.1:1";
     let key = [("idempotency-key", "cluster-0001")];
-    let first = extract(&app, r#"{"count":3}"#, &key, me).await;
+    let first = extract_as(&app, r#"{"count":3}"#, &key, me).await;
     assert_eq!(first.status, 200, "{}", first.body);
     assert_eq!(first.ids(), ["cl-0000", "cl-0001", "cl-0002"]);
-    let again = extract(&app, r#"{"count":3}"#, &key, me).await;
+    let again = extract_as(&app, r#"{"count":3}"#, &key, me).await;
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(again.body, first.body);
-    let reused = extract(&app, r#"{"count":4}"#, &key, me).await;
+    let reused = extract_as(&app, r#"{"count":4}"#, &key, me).await;
     assert_eq!(
         (reused.status, reused.code()),
         (409, "IDEMPOTENCY_KEY_REUSED")
@@ -182,18 +176,18 @@ async fn works_on_a_redis_cluster() {
         let mut conn = connect(&n.url()).await;
         info(&mut conn, &["SCRIPT", "FLUSH"]).await;
     }
-    let after_flush = extract(&app, r#"{"count":2}"#, &[], me).await;
+    let after_flush = extract_as(&app, r#"{"count":2}"#, &[], me).await;
     assert_eq!(after_flush.ids(), ["cl-0003", "cl-0004"]);
 
     // Rate limits live in the same slot and are shared: burst 5, then 429.
     let other = "127.0.0.2:1";
     for _ in 0..5 {
         assert_eq!(
-            extract(&app, r#"{"count":1}"#, &[], other).await.status,
+            extract_as(&app, r#"{"count":1}"#, &[], other).await.status,
             200
         );
     }
-    let limited = extract(&app, r#"{"count":1}"#, &[], other).await;
+    let limited = extract_as(&app, r#"{"count":1}"#, &[], other).await;
     assert_eq!((limited.status, limited.code()), (429, "RATE_LIMITED"));
 
     // Every key, pool and limits alike, is on the node that owns {pp}.
@@ -307,16 +301,16 @@ async fn works_over_tls_with_a_private_ca() {
     assert_eq!(ready(&app).await.status, 200);
     pool.upsert(&proxies("tls", 4)).await.unwrap();
     let key = [("idempotency-key", "tls-key-0001")];
-    let first = extract(&app, r#"{"count":2}"#, &key, "127.0.0.1:1").await;
+    let first = extract_as(&app, r#"{"count":2}"#, &key, "127.0.0.1:1").await;
     assert_eq!(first.ids(), ["tls-0000", "tls-0001"]);
-    let again = extract(&app, r#"{"count":2}"#, &key, "127.0.0.1:1").await;
+    let again = extract_as(&app, r#"{"count":2}"#, &key, "127.0.0.1:1").await;
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
 
     // The plain port is closed (`--port 0`), and the system roots do not
     // know the private CA.
     config.redis_ca_file = None;
     let untrusting = app_over(&config, RedisPool::from_config(&url, &config).unwrap());
-    let r = extract(&untrusting, r#"{"count":1}"#, &[], "127.0.0.1:1").await;
+    let r = extract_as(&untrusting, r#"{"count":1}"#, &[], "127.0.0.1:1").await;
     assert_eq!((r.status, r.code()), (503, "SERVICE_UNAVAILABLE"));
     assert_eq!(ready(&untrusting).await.status, 503);
     let plain = url.replace("rediss://", "redis://");
@@ -395,7 +389,7 @@ async fn replica_acknowledgement_before_answering() {
     let me = "127.0.0.1:1";
 
     // Acknowledged: the replica holds the tombstones the moment we answer.
-    let r = extract(
+    let r = extract_as(
         &app,
         r#"{"count":2}"#,
         &[("idempotency-key", "rep-key-0001")],
@@ -413,7 +407,7 @@ async fn replica_acknowledgement_before_answering() {
     until("replica gone", linked("down")).await;
     let key = [("idempotency-key", "rep-key-0002")];
     let started = Instant::now();
-    let r = extract(&app, r#"{"count":2}"#, &key, me).await;
+    let r = extract_as(&app, r#"{"count":2}"#, &key, me).await;
     assert_eq!((r.status, r.code()), (503, "SERVICE_UNAVAILABLE"));
     assert!(
         r.json["detail"]
@@ -426,13 +420,13 @@ async fn replica_acknowledgement_before_answering() {
         record_status(&mut on_primary, "rep-0002").await.as_deref(),
         Some("EXTRACTED")
     );
-    let retry = extract(&app, r#"{"count":2}"#, &key, me).await;
+    let retry = extract_as(&app, r#"{"count":2}"#, &key, me).await;
     assert_eq!(
         retry.status, 503,
         "a replay is not answered unacknowledged either"
     );
     // Without a key the proxies it took are lost to the pool, never doubled.
-    let r = extract(&app, r#"{"count":1}"#, &[], me).await;
+    let r = extract_as(&app, r#"{"count":1}"#, &[], me).await;
     assert_eq!(r.status, 503);
     assert_eq!(
         record_status(&mut on_primary, "rep-0004").await.as_deref(),
@@ -443,7 +437,7 @@ async fn replica_acknowledgement_before_answering() {
     // replica holds its record.
     info(&mut on_replica, &["REPLICAOF", "127.0.0.1", &port]).await;
     until("replica relinked", linked("up")).await;
-    let retry = extract(&app, r#"{"count":2}"#, &key, me).await;
+    let retry = extract_as(&app, r#"{"count":2}"#, &key, me).await;
     assert_eq!(retry.status, 200, "{}", retry.body);
     assert_eq!(retry.header("idempotent-replayed"), Some("true"));
     assert_eq!(retry.ids(), ["rep-0002", "rep-0003"]);
@@ -454,6 +448,6 @@ async fn replica_acknowledgement_before_answering() {
         .await
         .unwrap();
     assert!(replicated);
-    let rest = extract(&app, r#"{"count":10}"#, &[], me).await;
+    let rest = extract_as(&app, r#"{"count":10}"#, &[], me).await;
     assert_eq!(rest.ids(), ["rep-0005"]);
 }

@@ -20,18 +20,9 @@ async fn concurrent_extractions_never_share_a_proxy() {
         let app = h.app.clone();
         let count = 1 + i % 3;
         tasks.push(tokio::spawn(async move {
-            let req = lambda_http::http::Request::post(proxy_pool::distribution::EXTRACT_PATH)
-                .header("content-type", "application/json")
-                .body(lambda_http::Body::from(format!(r#"{{"count":{count}}}"#)))
-                .unwrap();
-            let mut req = req;
-            req.extensions_mut().insert(proxy_pool::security::PeerAddr(
-                format!("127.0.0.{}:1000", i + 1).parse().unwrap(),
-            ));
-            common::reply(
-                proxy_pool::distribution::EXTRACT_PATH,
-                proxy_pool::distribution::handle(&app, req).await,
-            )
+            let body = format!(r#"{{"count":{count}}}"#);
+            let peer = format!("127.0.0.{}:1000", i + 1);
+            common::extract_as(&app, &body, &[], &peer).await
         }));
     }
     let mut seen = HashSet::new();
@@ -309,15 +300,13 @@ async fn idempotent_replay_and_key_reuse() {
     assert_eq!(h.snapshot().await, before);
 
     // Another client (another source address) has its own key space.
-    let mut req = lambda_http::http::Request::post(proxy_pool::distribution::EXTRACT_PATH)
-        .header("content-type", "application/json")
-        .header("idempotency-key", "extract-0001")
-        .body(lambda_http::Body::from(r#"{"count":3}"#))
-        .unwrap();
-    req.extensions_mut().insert(proxy_pool::security::PeerAddr(
-        "127.0.0.2:1".parse().unwrap(),
-    ));
-    let theirs = h.send(req).await;
+    let theirs = common::extract_as(
+        &h.app,
+        r#"{"count":3}"#,
+        &[("idempotency-key", "extract-0001")],
+        "127.0.0.2:1",
+    )
+    .await;
     assert_eq!(theirs.ids(), ["i-0002", "i-0003", "i-0004"]);
 
     for bad in ["short", "has space in it", &"k".repeat(129)] {

@@ -299,6 +299,14 @@ pub fn extract_request(body: &str, headers: &[(&str, &str)]) -> lambda_http::Req
     req.body(Body::from(body.to_owned())).unwrap()
 }
 
+/// `POST /api/v1/proxies/extract` to `app` from the TCP peer `peer` (`ip:port`).
+pub async fn extract_as(app: &App, body: &str, headers: &[(&str, &str)], peer: &str) -> Reply {
+    let mut req = extract_request(body, headers);
+    req.extensions_mut()
+        .insert(PeerAddr(peer.parse().expect("peer is ip:port")));
+    send(app, req).await
+}
+
 /// Turns a handler response into a [`Reply`], checking the contract:
 /// JSON bodies valid against `api/openapi/proxy-pool.yaml`, problems as
 /// `application/problem+json` carrying the `X-Request-ID` they answer.
