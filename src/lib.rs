@@ -20,7 +20,7 @@
 //! * [`server`]: the plain HTTP server behind `proxy-pool serve`.
 //! * [`local`]: a private `redis-server` and a demo pool for running locally.
 //! * [`telemetry`]: tracing set-up (JSON in Lambda, text locally).
-//! * [`bench`]: `proxy-pool bench`, extraction throughput and latency
+//! * [`bench`](mod@bench): `proxy-pool bench`, extraction throughput and latency
 //!   through [`distribution::handle`] against a trivial `EVALSHA` on the
 //!   same Redis.
 
