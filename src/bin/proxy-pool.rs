@@ -421,11 +421,18 @@ fn parse_time(s: &str) -> Result<i64, Box<dyn std::error::Error>> {
     Ok((t.unix_timestamp_nanos() / 1_000_000) as i64)
 }
 
+/// The settings and a pool over `redis_url`, connected as every command
+/// connects (cluster mode, CA file, timeouts from the environment).
+fn operator_pool(redis_url: &str) -> Result<(Config, RedisPool), Box<dyn std::error::Error>> {
+    let config = Config::from_env()?;
+    let pool = RedisPool::from_config(redis_url, &config)?;
+    Ok((config, pool))
+}
+
 /// Runs one contract operation and prints its verdict; a refusal is an error
 /// (exit status 1), so scripts can test for it.
 async fn contract(target: &Target, op: ContractOp) -> CliResult {
-    let config = Config::from_env()?;
-    let pool = RedisPool::new(&target.redis_url, config.redis_timeout)?;
+    let (_, pool) = operator_pool(&target.redis_url)?;
     let reply = pool.apply(&op).await?;
     match reply.verdict {
         Verdict::Ok => {
@@ -443,8 +450,7 @@ async fn contract(target: &Target, op: ContractOp) -> CliResult {
 }
 
 async fn prune(redis_url: &str) -> CliResult {
-    let config = Config::from_env()?;
-    let pool = RedisPool::new(redis_url, config.redis_timeout)?;
+    let (_, pool) = operator_pool(redis_url)?;
     let report = pool.prune_expired(MAX_PRUNE_BATCH, u32::MAX).await?;
     println!(
         "pruned {} expired proxies and {} index entries in {} calls",
@@ -454,8 +460,7 @@ async fn prune(redis_url: &str) -> CliResult {
 }
 
 async fn stats(redis_url: &str, min_ttl: Option<u64>, json: bool) -> CliResult {
-    let config = Config::from_env()?;
-    let pool = RedisPool::new(redis_url, config.redis_timeout)?;
+    let (config, pool) = operator_pool(redis_url)?;
     let min_ttl = min_ttl.map_or(config.min_remaining_ttl, Duration::from_secs);
     let inventory = pool.inventory(min_ttl).await?;
     let eligible: u64 = inventory.buckets.iter().map(|b| b.eligible).sum();
@@ -598,8 +603,7 @@ async fn shutdown_signal() {
 }
 
 async fn load_demo(redis_url: &str, size: usize) -> CliResult {
-    let config = Config::from_env()?;
-    let pool = RedisPool::from_config(redis_url, &config)?;
+    let (_, pool) = operator_pool(redis_url)?;
     let statuses = pool.upsert(&demo_proxies(size, now_ms())).await?;
     let count = |want: UpsertStatus| statuses.iter().filter(|s| **s == want).count();
     let added = count(UpsertStatus::Added);
@@ -648,8 +652,7 @@ async fn bench(plan: Plan, redis_url: Option<String>, flush: bool, json: bool) -
 const LOAD_BATCH: usize = 500;
 
 async fn load(redis_url: &str, file: &str) -> CliResult {
-    let config = Config::from_env()?;
-    let pool = RedisPool::from_config(redis_url, &config)?;
+    let (_, pool) = operator_pool(redis_url)?;
     let reader: Box<dyn BufRead> = if file == "-" {
         Box::new(std::io::stdin().lock())
     } else {
