@@ -1,58 +1,77 @@
 #!lua
 -- extract.lua: take up to `count` eligible proxies out of the pool, atomically.
 --
--- KEYS[1]: {pp}:avail    ZSET, score 0, members "<bucket>|<expiresAt ms, 13 digits>|<id>"
--- KEYS[2]: {pp}:buckets  HASH bucket -> number of members of KEYS[1] in that bucket
--- KEYS[3]: {pp}:proxies  HASH id -> proxy record (JSON)
--- KEYS[4]: {pp}:heads    HASH bucket -> "<expiresAt ms, 13 digits>|<id>": a lower bound
---                        of the bucket's first entry that may still be eligible
---                        ("~": none), so a merge probes only the buckets that can
---                        hold the next candidates; written here and lowered by
---                        every script that adds to KEYS[1]
--- KEYS[5]: (optional) {pp}:idem:<sha256(client id, Idempotency-Key)>  STRING
+-- KEYS[1..11]: the pool keys (prelude.lua)
+-- KEYS[12]: (optional) {pp}:idem:<sha256(client id, Idempotency-Key)>  STRING
 -- ARGV[1]: count (1..1000)
 -- ARGV[2]: fulfillment, "partial" or "allOrNothing"
--- ARGV[3]: reserveForGateway
+-- ARGV[3]: reserveForGateway (0..)
 -- ARGV[4]: minRemainingTTL, ms
 -- ARGV[5]: maxHealthCheckAge, ms
--- ARGV[6]: filters, JSON object; an absent dimension is unrestricted:
+-- ARGV[6]: filters, JSON object; an absent dimension is unrestricted, a
+--          present one (even empty) restricts to its values:
 --          {"protocols":[..],"regions":[..],"carriers":[..],"upstreams":[..]}
 -- ARGV[7]: request id (copied into the committed result)
--- ARGV[8]: request digest, 64 hex chars (only with KEYS[5])
--- ARGV[9]: idempotency record lifetime, ms (only with KEYS[5])
+-- ARGV[8]: request digest, 64 hex chars (only with KEYS[12])
+-- ARGV[9]: idempotency record lifetime, ms (only with KEYS[12])
 -- ARGV[10]: "1" to rewrite a replayed record's expiry to the same instant
---          (only with KEYS[5]): a write, so a WAIT after this call also
+--          (only with KEYS[12]): a write, so a WAIT after this call also
 --          covers the record it replays (used when replica acks are on)
 -- Returns one of:
 --   {"ok", result}            committed; result is the JSON recorded for replay:
---                             {"requestId","requested","extractedAt"(ms),"proxies":[records]}
---   {"replay", result}        KEYS[5] held the same digest: nothing was extracted
---   {"conflict"}              KEYS[5] held another digest: nothing was extracted
---   {"insufficient", M, now} allOrNothing could not be met; M = eligible - reserve,
---                             now the Redis clock it was decided at (ms)
+--                             {"requestId","requested","extractedAt"(ms),"proxies":[..]}
+--                             with only the response's fields of each proxy
+--   {"replay", result}        KEYS[12] held the same digest: nothing was extracted
+--   {"conflict"}              KEYS[12] held another digest: nothing was extracted
+--   {"insufficient", M, now}  allOrNothing could not be met; M = eligible - reserve,
+--                             now the Redis clock it was decided at (ms); no proxy
+--                             left the pool (due entries did leave the index)
+--   {"again"}                 nothing was extracted: this call only removed index
+--                             entries that can no longer be handed out (more were
+--                             due than one call removes, or a damaged entry was
+--                             found); call again for an exact answer
 --
--- Every read and check happens before the first write, so an error can never
--- leave a partial removal. The cost is O(log N) per bucket probed plus the
--- entries examined, which is bounded by SCAN_BUDGET, never the pool's size;
--- when the budget runs out the eligible count found so far is used, which can
--- only under-count (the Gateway's reserve is never touched).
---
--- KEYS[4] only decides which buckets to probe, and in which order: a probe
--- always starts at now + minRemainingTTL, so a wrong hint can never hide a
--- proxy, only hand it out later than first-expired, first-out would. A hint
--- stays a lower bound because entries only leave a bucket's eligible range
--- as time passes (expiry, health age), and the scripts that add to it lower it.
+-- How it answers (see prelude.lua for the index):
+--   1. Plan: the smallest family whose slices are exactly the filters' match:
+--      no filter -> pool (one slice); regions only -> one region slice each;
+--      no region -> the kinds matching protocol, carrier and upstream; regions
+--      and others -> one atom slice per (region, matching kind).
+--   2. Due entries: index entries past their safety margin (usable) or with a
+--      health check older than maxHealthCheckAge (checked) are read, at most
+--      PURGE_BATCH of each; they are skipped, and removed at the end whatever
+--      the answer (replays aside): they can never be handed out, and they
+--      come back with a fresh health result or a refresh.
+--   3. Count, only with a reserve: ZLEXCOUNT of each slice from
+--      now + minRemainingTTL, minus the due entries among them. Exact, and
+--      O(log N) per slice, whatever the reserve.
+--   4. Walk the slices in expiry order (a k-way merge; with several slices the
+--      hints order the probes, so a small request probes about one slice),
+--      re-checking every candidate's record, until enough are found.
+--   5. Fulfillment, then the writes: removals from every index set, tombstones,
+--      hints, the idempotency record. Nothing before them writes; nothing
+--      among them can fail.
+-- The cost is O(log N) per slice probed or counted plus the entries examined
+-- (count, plus due entries, which each leave the index once): it does not
+-- grow with the pool's size, nor with how many regions it holds.
 
-local avail, buckets, proxies, heads, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local idem = KEYS[POOL_KEY_COUNT + 1]
+local PURGE_BATCH = 256
+
 local count = tonumber(ARGV[1])
-local all_or_nothing = ARGV[2] == 'allOrNothing'
 local reserve = tonumber(ARGV[3])
-local min_ttl, max_health_age = tonumber(ARGV[4]), tonumber(ARGV[5])
-local filters = cjson.decode(ARGV[6])
+local min_ttl, max_age = tonumber(ARGV[4]), tonumber(ARGV[5])
+if not (is_int(count, 1, MAX_COUNT) and is_int(reserve, 0, 2 ^ 31) and is_int(min_ttl, 0, MAX_MS)
+        and is_int(max_age, 0, MAX_MS)) then
+  return redis.error_reply('ERR bad extraction arguments')
+end
+local all_or_nothing = ARGV[2] == 'allOrNothing'
+local decoded, filters = pcall(cjson.decode, ARGV[6])
+if not decoded or type(filters) ~= 'table' then
+  return redis.error_reply('ERR bad extraction filters')
+end
 local request_id, digest, idem_ttl, touch_on_replay = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = clock()
 
 -- 1. Idempotency: a recorded result is replayed, never re-executed.
 if idem then
@@ -69,106 +88,150 @@ if idem then
   end
 end
 
--- 2. Buckets matching the filters (OR inside a dimension, AND across them).
-local function as_set(list)
-  if list == nil then return nil end
-  local set = {}
-  for _, v in ipairs(list) do set[v] = true end
-  return set
-end
-local want = {
-  as_set(filters.protocols), as_set(filters.regions),
-  as_set(filters.carriers), as_set(filters.upstreams),
-}
-
-local restricted = want[1] or want[2] or want[3] or want[4]
-local matching = {}
-local bucket_list = redis.call('HGETALL', buckets)
-for i = 1, #bucket_list, 2 do
-  local bucket = bucket_list[i]
-  if not tonumber(bucket_list[i + 1]) then
-    -- Its count is decremented after the writes begin, where nothing may fail.
-    return redis.error_reply('ERR damaged pool: a bucket count is not a number')
+-- 2. The plan: which family, which slices.
+-- A restricted dimension: the set of its values and their list (a value that
+-- can be no name matches nothing); nil when unrestricted.
+local function restriction(list)
+  if absent(list) then return nil end
+  if type(list) ~= 'table' then return {}, {} end
+  local set, values = {}, {}
+  for _, v in ipairs(list) do
+    if is_name(v) and not set[v] then
+      set[v] = true
+      values[#values + 1] = v
+    end
   end
-  if restricted then
-    local p, r, c, u = string.match(bucket, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-    if p and not ((want[1] and not want[1][p]) or (want[2] and not want[2][r])
-                  or (want[3] and not want[3][c]) or (want[4] and not want[4][u])) then
-      matching[#matching + 1] = bucket
+  return set, values
+end
+local want_p = restriction(filters.protocols)
+local want_r, regions = restriction(filters.regions)
+local want_c = restriction(filters.carriers)
+local want_u = restriction(filters.upstreams)
+
+local family, slices = 'pool', {''}
+if want_r and not (want_p or want_c or want_u) then
+  family, slices = 'region', {}
+  for _, r in ipairs(regions) do slices[#slices + 1] = r .. '|' end
+elseif want_p or want_r or want_c or want_u then
+  local kinds = {}
+  for _, k in ipairs(redis.call('HKEYS', K.kinds)) do
+    local p, c, u = string.match(k, '^([^|]*)|([^|]*)|([^|]*)$')
+    if p and (not want_p or want_p[p]) and (not want_c or want_c[c]) and (not want_u or want_u[u]) then
+      kinds[#kinds + 1] = {p, c, u}
+    end
+  end
+  slices = {}
+  if want_r then
+    family = 'atom'
+    for _, r in ipairs(regions) do
+      for _, k in ipairs(kinds) do slices[#slices + 1] = k[1] .. '|' .. r .. '|' .. k[2] .. '|' .. k[3] .. '|' end
     end
   else
-    matching[#matching + 1] = bucket   -- its name is checked if it is ever probed
+    family = 'kind'
+    for _, k in ipairs(kinds) do slices[#slices + 1] = k[1] .. '|' .. k[2] .. '|' .. k[3] .. '|' end
+  end
+end
+local fam_key = K[family]
+local in_plan = {}
+for _, s in ipairs(slices) do in_plan[s] = true end
+
+-- 3. Due entries: they can never be handed out again without a fresh health
+--    result or a refresh (which re-index them), so they leave the index.
+local t_min = now + math.max(min_ttl, 1)   -- margin 0: usableUntil = expiresAt > now
+local t13 = pad13(t_min)
+local cutoff = now - max_age
+local due, garbage, due_count = {}, {}, 0
+local more_due = false
+for _, spec in ipairs({{K.usable, '-inf', now}, {K.checked, '-inf', '(' .. cutoff}}) do
+  local list = redis.call('ZRANGEBYSCORE', spec[1], spec[2], spec[3], 'LIMIT', 0, PURGE_BATCH + 1)
+  if #list > PURGE_BATCH then more_due = true end
+  for _, loc in ipairs(list) do
+    if split_locator(loc) then
+      if not due[loc] then due[loc] = true; due_count = due_count + 1 end
+    else
+      garbage[#garbage + 1] = {spec[1], loc}
+    end
   end
 end
 
--- 3. Merge the matching buckets in expiry order (first-expired, first-out),
---    re-checking every candidate against its record, until count + reserve
---    eligible entries are found, the buckets run dry or the budget is spent.
-local need = count + reserve
-local SCAN_BUDGET = 1024 + 4 * need
-local examined = 0
-local min_expiry = string.format('%013d', now + min_ttl)
-local health_cutoff = now - max_health_age
-
-local eligible = {}   -- {member=, bucket=, id=, expiry=, record=, key=}, in expiry order
-local prune = {}      -- {member=, bucket=}: index entries that can never be eligible
-
-local function well_formed(rec)
-  return type(rec) == 'table' and type(rec.protocol) == 'string' and type(rec.region) == 'string'
-    and type(rec.carrier) == 'string' and type(rec.upstream) == 'string'
-    and type(rec.expiresAt) == 'number' and type(rec.usableUntil) == 'number'
-    and type(rec.healthCheckedAt) == 'number'
-end
-
-local function allocatable(rec)
-  if rec.healthOk ~= true then return false end
-  if rec.status == 'AVAILABLE' then return rec.owner == nil or rec.owner == cjson.null end
-  if rec.status == 'DRAINED' then return rec.active == 0 and rec.reserved == 0 end
-  return false
-end
-
--- What one index entry is worth, judged against its record.
-local function judge(cur, member, raw)
-  local expiry = tonumber(string.sub(member, #cur.prefix + 1, #cur.prefix + 13))
-  local ok, rec = false, nil
-  if raw then ok, rec = pcall(cjson.decode, raw) end
-  if not (ok and well_formed(rec) and rec.expiresAt == expiry and allocatable(rec)
-          and rec.protocol == cur.parts[1] and rec.region == cur.parts[2]
-          and rec.carrier == cur.parts[3] and rec.upstream == cur.parts[4]) then
-    return 'prune', expiry                     -- dangling, malformed or stale index entry
+-- Removes what is due (and what was found damaged), changes nothing else,
+-- and answers `reply`.
+local function purge_only(reply, bad)
+  local writes = new_writes()
+  for loc in pairs(due) do unindex(writes, loc) end
+  for _, g in ipairs(garbage) do push(writes, 'zrem', g[1], g[2]) end
+  for _, b in ipairs(bad or {}) do
+    if b.loc then unindex(writes, b.loc) else push(writes, 'zrem', fam_key, b.member) end
   end
-  if rec.usableUntil <= now then return 'prune', expiry end   -- past its safety margin for good
-  if rec.healthCheckedAt < health_cutoff then return 'skip', expiry end -- a fresh check revives it
-  return 'eligible', expiry
+  local refused = expect_types(writes)
+  if refused then return refused end
+  apply(writes)
+  return reply
+end
+if more_due then return purge_only({'again'}) end
+
+-- 4. Count (only a reserve needs it): every entry in the slices from t_min,
+--    minus the due ones among them.
+local total
+if reserve > 0 then
+  total = 0
+  for _, s in ipairs(slices) do
+    local hi = family == 'pool' and '+' or ('[' .. s .. '\255')
+    total = total + redis.call('ZLEXCOUNT', fam_key, '[' .. s .. t13, hi)
+  end
+  for loc in pairs(due) do
+    local p, r, c, u, e, id = split_locator(loc)
+    if e >= t13 then
+      local member, slice = member_in(family, p, r, c, u, e, id)
+      if in_plan[slice] and redis.call('ZSCORE', fam_key, member) then total = total - 1 end
+    end
+  end
 end
 
--- A cursor walks one bucket's slice of the index in pages of members; the
--- records of a page are fetched when its first member is examined, and a
--- record is decoded only when its entry is examined, in global expiry order.
+local function insufficient(available)
+  return purge_only({'insufficient', tostring(available), tostring(now)})
+end
+local target = count
+if reserve > 0 then
+  local available = math.max(0, total - reserve)
+  if all_or_nothing and available < count then return insufficient(available) end
+  target = math.min(count, available)
+end
+
+-- 5. The walk: a k-way merge of the slices in expiry order. A cursor reads
+--    its slice in pages from t_min; the key of a member is "<expiry>|<id>",
+--    which orders members of different slices as each slice orders its own.
+local function key_of(cur, member)
+  local rest = string.sub(member, #cur.prefix + 1)
+  local tab = string.find(rest, '\t', 1, true)
+  return tab and string.sub(rest, 1, tab - 1) or rest
+end
+
 local function fill(cur)
-  local page = redis.call('ZRANGEBYLEX', avail, cur.from, '[' .. cur.prefix .. '\255', 'LIMIT', 0, cur.page)
-  cur.page = math.min(cur.page * 2, 512)
-  cur.members, cur.records, cur.pos = page, nil, 1
+  local from = cur.last and ('(' .. cur.last) or ('[' .. cur.prefix .. t13)
+  local to = family == 'pool' and '+' or ('[' .. cur.prefix .. '\255')
+  local page = redis.call('ZRANGEBYLEX', fam_key, from, to, 'LIMIT', 0, cur.page)
+  cur.page = math.min(cur.page * 4, 1024)
+  cur.members, cur.pos, cur.records = page, 1, nil
   if #page == 0 then cur.done = true; return false end
-  cur.from = '(' .. page[#page]
+  cur.last = page[#page]
+  cur.key = key_of(cur, page[1])
   return true
 end
 
-local function key_of(cur)
-  return string.sub(cur.members[cur.pos], #cur.prefix + 1)   -- "<expiry>|<id>": sorts by expiry, then id
+local hinted = family ~= 'pool'
+local hints = {}
+if hinted and #slices > 1 then
+  for i = 1, #slices, CHUNK do
+    local fields = {}
+    for j = i, math.min(i + CHUNK - 1, #slices) do fields[#fields + 1] = family .. ':' .. slices[j] end
+    local values = redis.call('HMGET', K.hint, unpack(fields))
+    for j, v in ipairs(values) do if v then hints[slices[i + j - 1]] = v end end
+  end
 end
 
-local first_page = math.min(need, math.ceil(need / math.max(#matching, 1))) + 1
-local hint = {}
-local hint_list = redis.call('HGETALL', heads)
-for i = 1, #hint_list, 2 do hint[hint_list[i]] = hint_list[i + 1] end
-
--- The merge keeps probed buckets as cursors in a binary min-heap keyed by
--- their current entry; a bucket not probed yet stands for its hint ("" when
--- it has none: probe it first). While the smallest hint is below the heap's
--- top, that bucket may hold the next candidate and is probed; otherwise the
--- top is the next entry in global expiry order. Buckets never probed cost
--- one string comparison per probe.
+-- Probed slices are cursors in a binary min-heap by their current key; a
+-- slice not probed yet stands for its hint ("" without one: probe it first).
 local heap = {}
 local function sift_up(i)
   while i > 1 do
@@ -186,147 +249,175 @@ local function sift_down(i)
     heap[i], heap[m] = heap[m], heap[i]; i = m
   end
 end
+local waiting = {}
+for i, s in ipairs(slices) do waiting[i] = {slice = s, hint = hints[s] or ''} end
+table.sort(waiting, function(a, b) return a.hint < b.hint end)
+local next_wait = 1
 
--- Buckets not probed yet, smallest hint first: a linear scan for the first
--- two probes (most requests need one or two), then one sort of the rest.
-local waiting, probed_flag, order, order_at, probes = {}, {}, nil, 1, 0
-for i, bucket in ipairs(matching) do waiting[i] = hint[bucket] or '' end
-local function next_waiting()
-  if order == nil and probes >= 2 then
-    order = {}
-    for i = 1, #matching do
-      if not probed_flag[i] then order[#order + 1] = i end
+local first_page = math.min(target, math.ceil(target / math.max(#slices, 1))) + 1
+local cursors = {}
+local valid, bad = {}, {}   -- valid: {cur, member, loc, id, rec, raw}, in expiry order
+local found = 0
+local exhausted = false
+
+local function load_records(cur)
+  local ids = {}
+  cur.locs = {}
+  for i, member in ipairs(cur.members) do
+    local loc = locator_from(family, member)
+    cur.locs[i] = loc or false
+    if loc then
+      local _, _, _, _, _, id = split_locator(loc)
+      ids[#ids + 1] = id
     end
-    table.sort(order, function(a, b) return waiting[a] < waiting[b] end)
   end
-  if order then return order[order_at] end
-  local best
-  for i = 1, #matching do
-    if not probed_flag[i] and (best == nil or waiting[i] < waiting[best]) then best = i end
+  cur.records = {}
+  if #ids > 0 then
+    local raw = redis.call('HMGET', K.proxies, unpack(ids))
+    local j = 0
+    for i = 1, #cur.members do
+      if cur.locs[i] then j = j + 1; cur.records[i] = raw[j] or false end
+    end
   end
-  return best
 end
-local next_probe = next_waiting()
 
-local probed = {}   -- cursors probed, to write their buckets' new hints
-while #eligible < need and examined < SCAN_BUDGET do
-  local cur = heap[1]
-  if next_probe and (cur == nil or waiting[next_probe] <= cur.key) then
-    local bucket = matching[next_probe]
-    probed_flag[next_probe] = true
-    probes = probes + 1
-    if order then order_at = order_at + 1 end
-    next_probe = next_waiting()
-    -- A bucket name of other than four parts was never written by upsert.lua;
-    -- its range could overlap real buckets, so it is never walked.
-    local p, r, c, u = string.match(bucket, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-    if p then
-      local prefix = bucket .. '|'
-      local new = {bucket = bucket, parts = {p, r, c, u}, prefix = prefix,
-                   from = '[' .. prefix .. min_expiry, page = first_page}
-      probed[#probed + 1] = new
-      if fill(new) then
-        new.key = key_of(new)
-        heap[#heap + 1] = new
-        sift_up(#heap)
-      end
-    end
-  elseif cur == nil then
+-- Whether the record behind an index entry may be handed out now.
+local function fit(loc, raw)
+  local rec = decode_record(raw)
+  if not (rec and rec.status ~= 'EXTRACTED' and locator_of(rec) == loc and indexed(rec)
+          and rec.usableUntil > now and rec.healthCheckedAt >= cutoff and rec.expiresAt >= t_min) then
+    return nil
+  end
+  return rec
+end
+
+while found < target do
+  local top = heap[1]
+  local w = waiting[next_wait]
+  if w and (top == nil or w.hint <= top.key) then
+    next_wait = next_wait + 1
+    local cur = {slice = w.slice, prefix = w.slice, page = first_page, examined = {}, hint = hints[w.slice]}
+    cursors[#cursors + 1] = cur
+    if fill(cur) then heap[#heap + 1] = cur; sift_up(#heap) end
+  elseif top == nil then
+    exhausted = true
     break
   else
-    if not cur.records then
-      cur.ids = {}
-      for i, member in ipairs(cur.members) do cur.ids[i] = string.sub(member, #cur.prefix + 15) end
-      cur.records = redis.call('HMGET', proxies, unpack(cur.ids))
-    end
-    local member, raw = cur.members[cur.pos], cur.records[cur.pos]
-    local verdict, expiry = judge(cur, member, raw)
-    examined = examined + 1
-    if verdict == 'eligible' then
-      eligible[#eligible + 1] = {member = member, bucket = cur.bucket, id = cur.ids[cur.pos],
-                                 expiry = expiry, record = raw, key = cur.key}
-    elseif verdict == 'prune' then
-      prune[#prune + 1] = {member = member, bucket = cur.bucket}
+    local cur = top
+    if not cur.records then load_records(cur) end
+    local member, loc = cur.members[cur.pos], cur.locs[cur.pos]
+    local entry = {cur = cur, member = member, loc = loc or nil}
+    cur.examined[#cur.examined + 1] = entry
+    if not loc then
+      bad[#bad + 1] = entry                -- not a member this index writes
+    elseif due[loc] then
+      entry.fate = 'due'
+    else
+      local rec = fit(loc, cur.records[cur.pos])
+      if rec then
+        entry.rec, entry.id = rec, rec.id
+        valid[#valid + 1] = entry
+        found = found + 1
+      else
+        bad[#bad + 1] = entry              -- dangling, malformed or stale: repair first
+      end
     end
     cur.pos = cur.pos + 1
     if cur.pos > #cur.members and not fill(cur) then
       heap[1] = heap[#heap]; heap[#heap] = nil
       if #heap > 0 then sift_down(1) end
     else
-      cur.key = key_of(cur)
+      cur.key = key_of(cur, cur.members[cur.pos])
       sift_down(1)
     end
   end
 end
 
--- 4. Reserve and fulfillment.
-local available = math.max(0, #eligible - reserve)
-local take = math.min(count, available)
-if all_or_nothing and take < count then
-  return {'insufficient', tostring(available), tostring(now)}
-end
+-- A damaged entry means the counts above may be off: remove it and answer
+-- on a clean index (the caller calls again).
+if #bad > 0 then return purge_only({'again'}, bad) end
 
--- 5. Writes: nothing below can fail. Every member removed was read from
---    the index by this call, so each removal counts once for its bucket.
-local function batched(command, key, args)
-  for i = 1, #args, 1000 do
-    redis.call(command, key, unpack(args, i, math.min(i + 999, #args)))
+-- 6. Fulfillment.
+local available
+if exhausted then
+  available = math.max(0, found - reserve)   -- the walk saw every eligible entry
+elseif reserve > 0 then
+  available = math.max(0, total - reserve)
+else
+  available = found                           -- at least `count`
+end
+local take = math.min(count, available, found)
+if all_or_nothing and take < count then return insufficient(available) end
+
+-- 7. Writes. In the walked family, each slice's examined run that is all
+--    removed goes in one ZREMRANGEBYLEX; the rest member by member.
+local writes = new_writes()
+local ranges = {}
+local ranged = {}   -- locators whose member in the walked family is removed by a range
+for i = 1, take do valid[i].fate = 'take' end
+for _, cur in ipairs(cursors) do
+  local run = 0
+  for i, e in ipairs(cur.examined) do
+    if e.fate then run = i else break end
+  end
+  if run > 0 then
+    ranges[#ranges + 1] = {'[' .. cur.examined[1].member, '[' .. cur.examined[run].member}
+    for i = 1, run do ranged[cur.examined[i].loc] = true end
   end
 end
-local removed, unindex, tombstones, records = {}, {}, {}, {}
+local function unindex_entry(loc)
+  if not ranged[loc] then return unindex(writes, loc) end
+  local p, r, c, u, e, id = split_locator(loc)
+  for _, f in ipairs(FAMILIES) do
+    if f ~= family then push(writes, 'zrem', K[f], (member_in(f, p, r, c, u, e, id))) end
+  end
+  push(writes, 'zrem', K.usable, loc)
+  push(writes, 'zrem', K.checked, loc)
+end
+for loc in pairs(due) do unindex_entry(loc) end
+for _, g in ipairs(garbage) do push(writes, 'zrem', g[1], g[2]) end
+local records = {}
 for i = 1, take do
-  local e = eligible[i]
-  unindex[#unindex + 1] = e.member
-  removed[e.bucket] = (removed[e.bucket] or 0) + 1
-  tombstones[#tombstones + 1] = e.id
-  tombstones[#tombstones + 1] = cjson.encode({id = e.id, status = 'EXTRACTED', expiresAt = e.expiry})
-  records[i] = e.record
-end
-for _, p in ipairs(prune) do
-  unindex[#unindex + 1] = p.member
-  removed[p.bucket] = (removed[p.bucket] or 0) + 1
-end
-batched('ZREM', avail, unindex)
-batched('HSET', proxies, tombstones)
-local emptied = {}
-for bucket, n in pairs(removed) do
-  if redis.call('HINCRBY', buckets, bucket, -n) <= 0 then
-    redis.call('HDEL', buckets, bucket)
-    emptied[bucket] = true
-  end
+  local e = valid[i]
+  unindex_entry(e.loc)
+  push(writes, 'hset', K.proxies, e.id, tombstone_json(e.rec))
+  records[i] = public_json(e.rec)
 end
 
--- New hints: where each probed bucket's walk stopped, or its first eligible
--- entry left behind (reserve), or "~" when it ran dry.
-local kept = {}
-for i = take + 1, #eligible do
-  local e = eligible[i]
-  if not kept[e.bucket] then kept[e.bucket] = e.key end
-end
-local hints, dropped = {}, {}
-for _, cur in ipairs(probed) do
-  local h
-  if cur.done then h = '~' else h = key_of(cur) end
-  if kept[cur.bucket] and kept[cur.bucket] < h then h = kept[cur.bucket] end
-  if emptied[cur.bucket] then
-    if hint[cur.bucket] then dropped[#dropped + 1] = cur.bucket end
-  elseif h ~= hint[cur.bucket] then
-    hints[#hints + 1] = cur.bucket
-    hints[#hints + 1] = h
+-- New hints: each probed slice's first entry left behind, or "~" when it ran dry.
+local hint_writes = {}
+if hinted then
+  for _, cur in ipairs(cursors) do
+    local h
+    for _, e in ipairs(cur.examined) do
+      if e.fate ~= 'take' and e.fate ~= 'due' then h = key_of(cur, e.member); break end
+    end
+    if not h then
+      if cur.done then h = '~'
+      elseif cur.members and cur.members[cur.pos] then h = key_of(cur, cur.members[cur.pos])
+      elseif cur.examined[#cur.examined] then h = key_of(cur, cur.examined[#cur.examined].member)
+      end
+    end
+    if h and h ~= cur.hint then
+      hint_writes[#hint_writes + 1] = family .. ':' .. cur.slice
+      hint_writes[#hint_writes + 1] = h
+    end
   end
 end
-if #dropped > 0 then redis.call('HDEL', heads, unpack(dropped)) end
-if #hints > 0 then
-  -- A new hints hash lives no longer than the index it describes.
-  local at = #hint_list == 0 and redis.call('PEXPIRETIME', avail) or nil
-  if at == nil or at > 0 then
-    redis.call('HSET', heads, unpack(hints))
-    if at then redis.call('PEXPIREAT', heads, at) end
-  end
+local hint_life
+if #hint_writes > 0 then
+  push(writes, 'hset', K.hint, unpack(hint_writes))
+  if redis.call('EXISTS', K.hint) == 0 then hint_life = redis.call('PEXPIRETIME', K.pool) end
 end
 
 local result = '{"requestId":' .. cjson.encode(request_id) .. ',"requested":' .. count ..
   ',"extractedAt":' .. now .. ',"proxies":[' .. table.concat(records, ',') .. ']}'
+
+local refused = expect_types(writes, {[K.proxies] = 'hash'})
+if refused then return refused end
+for _, range in ipairs(ranges) do redis.call('ZREMRANGEBYLEX', fam_key, range[1], range[2]) end
+apply(writes)
+if hint_life and hint_life > 0 then redis.call('PEXPIREAT', K.hint, hint_life) end
 if idem then
   redis.call('SET', idem, digest .. result, 'PX', idem_ttl)
 end

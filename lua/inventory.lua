@@ -1,37 +1,52 @@
 #!lua flags=no-writes
--- inventory.lua: how many proxies each bucket of the index could hand out now.
+-- inventory.lua: how many proxies each combination could hand out now, a
+-- page of combinations per call.
 --
--- KEYS[1]: {pp}:avail    ZSET, score 0, members "<bucket>|<expiresAt ms, 13 digits>|<id>"
--- KEYS[2]: {pp}:buckets  HASH bucket -> number of members of KEYS[1] in that bucket
--- KEYS[3]: {pp}:held     HASH id -> Worker id, for proxies CLAIMED or DRAINING
+-- KEYS[1..11]: the pool keys (prelude.lua)
 -- ARGV[1]: minRemainingTTL, ms
--- Returns: {now, {{bucket, eligible, indexed}, ...}, held}, one row per bucket of KEYS[2]
---   now       the Redis clock (TIME), ms
---   bucket    "<protocol>|<region>|<carrier>|<upstream>"
---   eligible  index entries of the bucket expiring at or after now + minRemainingTTL:
---             the same range `extract.lua` starts its walk from, so this is
---             what extraction could take before re-checking each record
---             (health age, safety margin, ownership). It is an upper bound:
---             an entry that fails those re-checks is still counted here.
---   indexed   all index entries of the bucket (KEYS[2]'s count)
---   held      proxies Workers hold (CLAIMED or DRAINING), HLEN of KEYS[3]
+-- ARGV[2]: cursor: "" to start, else the cursor the previous page returned
+-- ARGV[3]: page size, combinations (1..1000)
+-- Returns: {now, {{combination, eligible, indexed}, ...}, held, cursor}
+--   now          the Redis clock (TIME), ms
+--   combination  "<protocol>|<region>|<carrier>|<upstream>"
+--   eligible     index entries expiring at or after now + minRemainingTTL (the
+--                range extraction starts from); exact once the due entries are
+--                pruned (prune.lua), which the scheduled health check does first
+--   indexed      all index entries of the combination
+--   held         proxies Workers hold (CLAIMED or DRAINING), HLEN of the held set
+--   cursor       pass it back for the next page; "" when this was the last
+--                (a position in the atom family: the next page starts after it)
 --
--- Read only (flags=no-writes: it runs at maxmemory and on replicas). The cost
--- is O(log N) per bucket (ZLEXCOUNT), never the pool's size.
+-- Read only (flags=no-writes: it runs at maxmemory and on replicas). It
+-- skips from one combination to the next in the atom family: O(log N) per
+-- combination, never the pool's size.
 
-local avail, buckets = KEYS[1], KEYS[2]
-local min_ttl = tonumber(ARGV[1])
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local min_expiry = string.format('%013d', now + min_ttl)
+local min_ttl, cursor, page = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+if not (is_int(min_ttl, 0, MAX_MS) and is_int(page, 1, 1000)) then
+  return redis.error_reply('ERR bad inventory arguments')
+end
+local now = clock()
+local t13 = pad13(now + math.max(min_ttl, 1))
 
 local rows = {}
-local bucket_list = redis.call('HGETALL', buckets)
-for i = 1, #bucket_list, 2 do
-  local bucket = bucket_list[i]
-  local prefix = bucket .. '|'
-  local eligible = redis.call('ZLEXCOUNT', avail, '[' .. prefix .. min_expiry, '[' .. prefix .. '\255')
-  rows[#rows + 1] = {bucket, eligible, tonumber(bucket_list[i + 1]) or 0}
+local steps = 0
+while #rows < page and steps < 2 * page do
+  steps = steps + 1
+  local from = cursor == '' and '-' or ('(' .. cursor)
+  local first = redis.call('ZRANGEBYLEX', K.atom, from, '+', 'LIMIT', 0, 1)[1]
+  if not first then cursor = ''; break end
+  local p, r, c, u = split_locator(first)
+  if not p then
+    cursor = first                           -- not a member this index writes: step over it
+  else
+    local combination = p .. '|' .. r .. '|' .. c .. '|' .. u
+    local prefix = combination .. '|'
+    rows[#rows + 1] = {
+      combination,
+      redis.call('ZLEXCOUNT', K.atom, '[' .. prefix .. t13, '[' .. prefix .. '\255'),
+      redis.call('ZLEXCOUNT', K.atom, '[' .. prefix, '[' .. prefix .. '\255'),
+    }
+    cursor = prefix .. '\255'
+  end
 end
-return {now, rows, redis.call('HLEN', KEYS[3])}
+return {now, rows, redis.call('HLEN', K.held), cursor}

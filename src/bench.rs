@@ -473,7 +473,7 @@ impl Bench {
     /// Tops the index up to `target` entries.
     async fn top_up(&self, target: usize) -> Result<(), BenchError> {
         let have: usize = redis::cmd("ZCARD")
-            .arg(keys::AVAIL)
+            .arg(keys::IX_POOL)
             .query_async(&mut self.conn.clone())
             .await?;
         if have < target {

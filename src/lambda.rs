@@ -87,6 +87,7 @@ pub struct Function {
     app: Arc<App>,
     pool: RedisPool,
     min_remaining_ttl: Duration,
+    max_health_check_age: Duration,
 }
 
 impl Function {
@@ -96,6 +97,7 @@ impl Function {
             app,
             pool,
             min_remaining_ttl: config.min_remaining_ttl,
+            max_health_check_age: config.max_health_check_age,
         }
     }
 
@@ -134,7 +136,13 @@ impl Function {
 
     async fn health_check(&self, context: &Context) -> Result<Value, FunctionError> {
         let function = context.env_config.function_name.as_str();
-        match scheduled::run(&self.pool, self.min_remaining_ttl).await {
+        match scheduled::run(
+            &self.pool,
+            self.min_remaining_ttl,
+            self.max_health_check_age,
+        )
+        .await
+        {
             Ok(report) => {
                 scheduled::emit(&scheduled::metric_lines(
                     &report,

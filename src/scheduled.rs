@@ -53,8 +53,8 @@ pub struct InventoryLine {
     pub protocol: String,
     /// Region, "" when unknown.
     pub region: String,
-    /// Index entries with at least minRemainingTTL left (an upper bound: health
-    /// age, safety margin and ownership are re-checked at extraction).
+    /// Index entries with at least minRemainingTTL left, counted right after
+    /// the prune removed those past their safety margin or health age.
     pub eligible: u64,
 }
 
@@ -63,11 +63,14 @@ pub struct InventoryLine {
 pub async fn run(
     pool: &RedisPool,
     min_remaining_ttl: Duration,
+    max_health_check_age: Duration,
 ) -> Result<HealthCheckReport, PoolError> {
     let started = Instant::now();
     pool.ping().await?;
     pool.load_maintenance_scripts().await?;
-    let pruned = pool.prune_expired(PRUNE_BATCH, PRUNE_MAX_BATCHES).await?;
+    let pruned = pool
+        .prune_expired(PRUNE_BATCH, PRUNE_MAX_BATCHES, max_health_check_age)
+        .await?;
     let inventory = pool.inventory(min_remaining_ttl).await?;
     let checked_at = inventory.at_ms;
     let held_by_workers = inventory.held;

@@ -3,11 +3,11 @@
 
 mod common;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
-use common::{Harness, now_ms, proxies, proxy};
-use proxy_pool::pool::{UpsertStatus, keys};
+use common::{Harness, Planted, index_locators, now_ms, plant, proxies, proxy, raw_record};
+use proxy_pool::pool::{ContractOp, UpsertStatus, Verdict, keys};
 
 /// 64 concurrent extractions over 40 proxies: no proxy twice, never more
 /// than were eligible, and the pool ends empty.
@@ -74,42 +74,21 @@ async fn ineligible_proxies_are_never_returned() {
 
     // States the upsert script refuses to create are planted directly, as a
     // damaged or racing pool could hold them: the script re-checks records.
-    let mut conn = h.redis().await;
-    let plant = |id: &str, record: serde_json::Value| {
-        let expires = record["expiresAt"].as_i64().unwrap();
-        let member = format!("http|shanghai|telecom|provider-a|{expires:013}|{id}");
-        (id.to_owned(), record.to_string(), member)
-    };
-    let base = |id: &str, expires: i64| {
-        serde_json::json!({"id": id, "protocol": "http", "host": "192.0.2.99", "port": 1,
-            "region": "shanghai", "carrier": "telecom", "upstream": "provider-a",
-            "expiresAt": expires, "usableUntil": expires, "healthOk": true,
-            "healthCheckedAt": now, "status": "AVAILABLE", "epoch": 0, "active": 0, "reserved": 0})
-    };
-    let mut expired = base("expired", now - 1_000);
+    let mut expired = raw_record("expired", now - 1_000, now);
     expired["usableUntil"] = (now - 1_000).into();
-    let mut margin = base("past-margin", now + 600_000);
+    let mut margin = raw_record("past-margin", now + 600_000, now);
     margin["usableUntil"] = (now - 1).into();
-    let mut owned = base("owned", now + 600_000);
+    let mut owned = raw_record("owned", now + 600_000, now);
     owned["owner"] = "worker-1".into();
     owned["status"] = "CLAIMED".into();
-    let mut draining = base("draining", now + 600_000);
+    let mut draining = raw_record("draining", now + 600_000, now);
     draining["owner"] = "worker-2".into();
     draining["status"] = "DRAINED".into();
     draining["active"] = 1.into();
-    for (id, record, member) in [
-        plant("expired", expired),
-        plant("past-margin", margin),
-        plant("owned", owned),
-        plant("draining", draining),
-    ] {
-        let _: () = redis::pipe()
-            .hset(keys::PROXIES, &id, record)
-            .zadd(keys::AVAIL, member, 0)
-            .hincr(keys::BUCKETS, "http|shanghai|telecom|provider-a", 1)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+    let mut no_host = raw_record("no-host", now + 600_000, now);
+    no_host.as_object_mut().unwrap().remove("host");
+    for record in [&expired, &margin, &owned, &draining, &no_host] {
+        plant(&h, record, Planted::ALL).await;
     }
 
     let r = h
@@ -120,20 +99,21 @@ async fn ineligible_proxies_are_never_returned() {
         .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.ids(), ["ok-0000", "ok-0001", "ok-0002"]);
-    // Entries that can never become eligible again left the index.
-    let index: Vec<String> = redis::cmd("ZRANGE")
-        .arg(keys::AVAIL)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(
-        !index
-            .iter()
-            .any(|m| m.ends_with("|past-margin") || m.ends_with("|owned"))
-    );
-    assert!(index.iter().any(|m| m.ends_with("|stale-health")));
+    // Entries that cannot be handed out now left the index; the expired one
+    // waits for the prune, outside every range extraction reads.
+    let index = index_locators(&h).await;
+    for gone in [
+        "past-margin",
+        "owned",
+        "draining",
+        "no-host",
+        "stale-health",
+    ] {
+        assert!(
+            !index.iter().any(|l| l.ends_with(&format!("|{gone}"))),
+            "{gone}: {index:?}"
+        );
+    }
     // Without filters the filtered-out ones are eligible and the rest still are not.
     let r = h.extract(r#"{"count":100}"#, &[]).await;
     let got: BTreeSet<String> = r.ids().into_iter().collect();
@@ -142,6 +122,21 @@ async fn ineligible_proxies_are_never_returned() {
         .map(String::from)
         .collect();
     assert_eq!(got, want);
+    // A fresh health result brings the stale one back.
+    let reply = h
+        .pool
+        .apply(&ContractOp::Health {
+            id: "stale-health".into(),
+            ok: true,
+            checked_at: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.verdict, Verdict::Ok);
+    assert_eq!(
+        h.extract(r#"{"count":100}"#, &[]).await.ids(),
+        ["stale-health"]
+    );
 }
 
 /// Filters combine as OR within a dimension and AND across dimensions.
@@ -448,72 +443,79 @@ async fn pool_keys_expire_with_their_proxies() {
     assert!(keys.len() >= 4, "{keys:?}");
 }
 
-/// A damaged bucket count (whose decrement could fail after the first
-/// write) is refused before anything is written.
+/// An index key of the wrong type (a write into it would fail after the
+/// first write) is refused before anything is written.
 #[tokio::test]
-async fn damaged_bucket_count_fails_before_writing() {
+async fn damaged_index_key_fails_before_writing() {
     let h = Harness::start().await;
     h.load(&proxies("b", 3)).await;
     let mut conn = h.redis().await;
-    let _: () = redis::cmd("HSET")
-        .arg(keys::BUCKETS)
-        .arg("http|shanghai|telecom|provider-a")
-        .arg("many")
+    let _: () = redis::cmd("DEL")
+        .arg(keys::IX_KIND)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(keys::IX_KIND)
+        .arg("not a sorted set")
         .query_async(&mut conn)
         .await
         .unwrap();
     let before = h.snapshot().await;
     let r = h.extract(r#"{"count":2}"#, &[]).await;
-    assert_eq!(r.status, 500);
+    assert_eq!((r.status, r.code()), (500, "INTERNAL_ERROR"));
     assert_eq!(h.snapshot().await, before);
 }
 
-/// Bucket hints (`{pp}:heads`) keep first-expired, first-out across buckets
-/// when proxies expiring sooner arrive later, and an entry added behind the
-/// hints' back is still handed out, only later.
+/// Slice hints (`{pp}:ix:hint`) keep first-expired, first-out across the
+/// slices of a many-slice request when proxies expiring sooner arrive
+/// later, and an entry added behind the hints' back is still handed out,
+/// only later.
 #[tokio::test]
-async fn bucket_hints_keep_fifo_and_hide_nothing() {
+async fn slice_hints_keep_fifo_and_hide_nothing() {
+    const TWO_REGIONS: &str = r#"{"count":1,"filters":{"regions":["shanghai","beijing"]}}"#;
     let h = Harness::start().await;
     let mut batch = proxies("h", 6);
     for p in batch.iter_mut().skip(3) {
         p.region = "beijing".into();
     }
     h.load(&batch).await;
-    assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids(), ["h-0000"]);
+    assert_eq!(h.extract(TWO_REGIONS, &[]).await.ids(), ["h-0000"]);
     let mut conn = h.redis().await;
-    let hints: Vec<String> = redis::cmd("HKEYS")
-        .arg(keys::HEADS)
+    let hints: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys::IX_HINT)
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!(!hints.is_empty(), "extraction records its hints");
+    assert!(hints.contains_key("region:shanghai|"), "{hints:?}");
 
-    // Sooner than everything left, in the bucket whose hint is furthest out.
+    // Sooner than everything left, in the slice whose hint is furthest out.
     let mut early = proxy("h-early");
     early.region = "beijing".into();
     early.expires_at = batch[0].expires_at - 60_000;
     early.usable_until = early.expires_at;
     h.load(&[early.clone()]).await;
-    assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids(), ["h-early"]);
+    assert_eq!(h.extract(TWO_REGIONS, &[]).await.ids(), ["h-early"]);
 
-    // Planted straight into the index, its bucket's hint not lowered.
+    // Added, then its slice's hint raised behind its back.
     let mut planted = proxy("h-planted");
     planted.region = "beijing".into();
     planted.expires_at = early.expires_at;
     planted.usable_until = planted.expires_at;
     h.load(&[planted.clone()]).await;
     let _: () = redis::cmd("HSET")
-        .arg(keys::HEADS)
-        .arg("http|beijing|telecom|provider-a")
+        .arg(keys::IX_HINT)
+        .arg("region:beijing|")
         .arg("~")
         .query_async(&mut conn)
         .await
         .unwrap();
-    // The stale hint only delays it: the other bucket goes first.
+    // The wrong hint only delays it: the other slice goes first.
+    let two = TWO_REGIONS.replace(r#""count":1"#, r#""count":2"#);
+    assert_eq!(h.extract(&two, &[]).await.ids(), ["h-0001", "h-0002"]);
+    let rest = TWO_REGIONS.replace(r#""count":1"#, r#""count":10"#);
     assert_eq!(
-        h.extract(r#"{"count":2}"#, &[]).await.ids(),
-        ["h-0001", "h-0002"]
+        h.extract(&rest, &[]).await.ids(),
+        ["h-planted", "h-0003", "h-0004", "h-0005"]
     );
-    let rest = h.extract(r#"{"count":10}"#, &[]).await.ids();
-    assert_eq!(rest, ["h-planted", "h-0003", "h-0004", "h-0005"]);
 }

@@ -139,7 +139,7 @@ async fn recovered(pool: &RedisPool) -> Duration {
 /// The given proxies are out of the allocatable index and tombstoned.
 async fn assert_removed(conn: &mut MultiplexedConnection, ids: &[String]) {
     let index: Vec<String> = redis::cmd("ZRANGE")
-        .arg(keys::AVAIL)
+        .arg(keys::IX_ATOM)
         .arg(0)
         .arg(-1)
         .query_async(conn)

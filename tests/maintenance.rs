@@ -6,40 +6,25 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Harness, now_ms, proxies, proxy};
+use common::{Harness, Planted, now_ms, plant, proxies, proxy, raw_record};
 use lambda_runtime::{Context, LambdaEvent};
 use proxy_pool::lambda::{Function, FunctionError};
 use proxy_pool::pool::{PoolError, keys};
 use proxy_pool::scheduled;
 use serde_json::{Value, json};
 
-const BUCKET: &str = "http|shanghai|telecom|provider-a";
+/// The default maxHealthCheckAge.
+const MAX_AGE: Duration = Duration::from_secs(120);
 
-/// Writes a proxy straight into Redis, as a damaged or racing pool could hold
-/// it: record, index entry (with its bucket count) and expiry entry, each optional.
-async fn plant(h: &Harness, id: &str, region: &str, expires: i64, parts: (bool, bool, bool)) {
-    let (record, index, expiry) = parts;
-    let mut conn = h.redis().await;
-    let bucket = format!("http|{region}|telecom|provider-a");
-    let mut pipe = redis::pipe();
-    if record {
-        let rec = json!({"id": id, "protocol": "http", "host": "192.0.2.99", "port": 1,
-            "region": region, "carrier": "telecom", "upstream": "provider-a",
-            "expiresAt": expires, "usableUntil": expires, "healthOk": true,
-            "healthCheckedAt": expires - 60_000, "status": "AVAILABLE", "epoch": 0,
-            "active": 0, "reserved": 0});
-        pipe.hset(keys::PROXIES, id, rec.to_string()).ignore();
-    }
-    if index {
-        pipe.zadd(keys::AVAIL, format!("{bucket}|{expires:013}|{id}"), 0)
-            .ignore()
-            .hincr(keys::BUCKETS, &bucket, 1)
-            .ignore();
-    }
-    if expiry {
-        pipe.zadd(keys::EXPIRY, id, expires).ignore();
-    }
-    let _: () = pipe.query_async(&mut conn).await.unwrap();
+const COMBINATION: &str = "http|shanghai|telecom|provider-a";
+
+/// Writes a proxy straight into Redis (see [`common::plant`]), as a damaged
+/// or racing pool could hold it, in `region`, last checked a minute before
+/// it expires.
+async fn plant_in(h: &Harness, id: &str, region: &str, expires: i64, what: Planted) {
+    let mut rec = raw_record(id, expires, expires - 60_000);
+    rec["region"] = region.into();
+    plant(h, &rec, what).await;
 }
 
 async fn zrange(h: &Harness, key: &str) -> Vec<(String, f64)> {
@@ -63,30 +48,24 @@ async fn hgetall(h: &Harness, key: &str) -> BTreeMap<String, String> {
         .unwrap()
 }
 
-/// `{pp}:buckets` equals a recount of `{pp}:avail` by bucket.
-async fn assert_bucket_counts_exact(h: &Harness) {
-    let mut recount: BTreeMap<String, String> = BTreeMap::new();
-    for (member, _) in zrange(h, keys::AVAIL).await {
-        let bucket = member.rsplitn(3, '|').nth(2).unwrap().to_owned();
-        let n: u64 = recount.get(&bucket).map_or(0, |v| v.parse().unwrap());
-        recount.insert(bucket, (n + 1).to_string());
-    }
-    assert_eq!(hgetall(h, keys::BUCKETS).await, recount);
-}
-
 /// Expired records, tombstones and index entries go, dangling index entries
 /// too; live proxies, and one whose expiry entry lags its refreshed record,
-/// stay; bucket counts stay exact and a second run changes nothing.
+/// stay; the six index sets stay consistent and a second run changes nothing.
 #[tokio::test]
 async fn prune_removes_only_what_has_expired() {
     let h = Harness::start().await;
     let now = now_ms();
     h.load(&proxies("live", 4)).await;
     h.load(&[proxy("refreshed")]).await;
-    plant(&h, "gone-1", "shanghai", now - 5_000, (true, true, true)).await;
-    plant(&h, "gone-2", "shanghai", now - 4_000, (true, true, true)).await;
-    plant(&h, "gone-bj", "beijing", now - 3_000, (true, true, true)).await;
-    plant(&h, "ghost", "shanghai", now - 2_000, (false, true, false)).await;
+    plant_in(&h, "gone-1", "shanghai", now - 5_000, Planted::ALL).await;
+    plant_in(&h, "gone-2", "shanghai", now - 4_000, Planted::ALL).await;
+    plant_in(&h, "gone-bj", "beijing", now - 3_000, Planted::ALL).await;
+    let ghost = Planted {
+        record: false,
+        index: true,
+        expiry: false,
+    };
+    plant_in(&h, "ghost", "shanghai", now - 2_000, ghost).await;
     let mut conn = h.redis().await;
     let tombstone = json!({"id": "tomb", "status": "EXTRACTED", "expiresAt": now - 1_000});
     let _: () = redis::pipe()
@@ -101,7 +80,7 @@ async fn prune_removes_only_what_has_expired() {
         .await
         .unwrap();
 
-    let report = h.pool.prune_expired(500, 5).await.unwrap();
+    let report = h.pool.prune_expired(500, 5, MAX_AGE).await.unwrap();
     assert_eq!(
         report.records, 4,
         "gone-1, gone-2, gone-bj, tomb: {report:?}"
@@ -129,15 +108,11 @@ async fn prune_removes_only_what_has_expired() {
     let refreshed: Value = serde_json::from_str(&records["refreshed"]).unwrap();
     let score = expiry.iter().find(|(id, _)| id == "refreshed").unwrap().1;
     assert_eq!(score as i64, refreshed["expiresAt"].as_i64().unwrap());
-    assert_bucket_counts_exact(&h).await;
-    assert!(
-        !hgetall(&h, keys::BUCKETS)
-            .await
-            .contains_key("http|beijing|telecom|provider-a")
-    );
+    let state = h.pool.state().await.unwrap();
+    assert_eq!(state.index.len(), 5, "{:?}", state.index);
 
     let before = h.snapshot().await;
-    let again = h.pool.prune_expired(500, 5).await.unwrap();
+    let again = h.pool.prune_expired(500, 5, MAX_AGE).await.unwrap();
     assert_eq!((again.records, again.index_entries), (0, 0));
     assert_eq!(h.snapshot().await, before);
 
@@ -154,30 +129,31 @@ async fn prune_is_bounded_per_call() {
     h.load(&proxies("live", 2)).await;
     for i in 0..25 {
         let expires = now - 100_000 + i * 1_000;
-        plant(
+        plant_in(
             &h,
             &format!("old-{i:02}"),
             "shanghai",
             expires,
-            (true, true, true),
+            Planted::ALL,
         )
         .await;
     }
-    let first = h.pool.prune_expired(10, 2).await.unwrap();
+    let first = h.pool.prune_expired(10, 2, MAX_AGE).await.unwrap();
     assert_eq!(
         (first.batches, first.records, first.complete),
         (2, 20, false)
     );
-    let rest = h.pool.prune_expired(10, 10).await.unwrap();
+    let rest = h.pool.prune_expired(10, 10, MAX_AGE).await.unwrap();
     assert_eq!(rest.records, 5);
     assert!(rest.complete);
     assert_eq!(first.index_entries + rest.index_entries, 25);
-    assert_eq!(zrange(&h, keys::AVAIL).await.len(), 2);
-    assert_bucket_counts_exact(&h).await;
+    assert_eq!(h.pool.state().await.unwrap().index.len(), 2);
 }
 
-/// Per bucket, inventory counts the index entries with at least
-/// minRemainingTTL left, the range extraction starts from.
+/// Per combination, inventory counts the index entries with at least
+/// minRemainingTTL left, the range extraction starts from; after a prune
+/// (which the scheduled check runs first) that is exactly what extraction
+/// could take.
 #[tokio::test]
 async fn inventory_counts_what_extraction_could_take() {
     let h = Harness::start().await;
@@ -207,13 +183,20 @@ async fn inventory_counts_what_extraction_could_take() {
             (name, b.eligible, b.indexed)
         })
         .collect();
-    // The stale-health proxy is counted: the figure is an upper bound, as documented.
+    // Before a prune the stale-health proxy is still counted.
     assert_eq!(
         counts,
         [
-            (BUCKET.to_owned(), 4, 5),
+            (COMBINATION.to_owned(), 4, 5),
             ("socks5|beijing|telecom|provider-a".to_owned(), 2, 2),
         ]
+    );
+    let pruned = h.pool.prune_expired(500, 5, MAX_AGE).await.unwrap();
+    assert_eq!((pruned.records, pruned.index_entries), (0, 1));
+    let inventory = h.pool.inventory(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        (inventory.buckets[0].eligible, inventory.buckets[0].indexed),
+        (3, 4)
     );
 
     let r = h
@@ -223,7 +206,7 @@ async fn inventory_counts_what_extraction_could_take() {
     let after = h.pool.inventory(Duration::from_secs(30)).await.unwrap();
     assert_eq!(
         (after.buckets[0].eligible, after.buckets[0].indexed),
-        (3, 4)
+        (2, 3)
     );
 }
 
@@ -237,9 +220,9 @@ async fn scheduled_check_prunes_and_reports() {
     let mut other = proxy("b-1");
     other.upstream = "provider-b".into();
     h.load(&[other]).await;
-    plant(&h, "gone", "shanghai", now - 1_000, (true, true, true)).await;
+    plant_in(&h, "gone", "shanghai", now - 1_000, Planted::ALL).await;
 
-    let report = scheduled::run(&h.pool, h.config.min_remaining_ttl)
+    let report = scheduled::run(&h.pool, h.config.min_remaining_ttl, MAX_AGE)
         .await
         .unwrap();
     assert!(report.ready);
@@ -283,7 +266,7 @@ async fn scheduled_check_prunes_and_reports() {
 async fn scheduled_check_fails_when_redis_is_down() {
     let mut h = Harness::with_config(|c| c.redis_timeout = Duration::from_millis(300)).await;
     h.redis.stop().await;
-    let err = scheduled::run(&h.pool, h.config.min_remaining_ttl)
+    let err = scheduled::run(&h.pool, h.config.min_remaining_ttl, MAX_AGE)
         .await
         .unwrap_err();
     assert!(matches!(err, PoolError::Unavailable(_)), "{err}");

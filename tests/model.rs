@@ -20,16 +20,56 @@ use proxy_pool::pool::{
 };
 
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
-const REGIONS: [&str; 2] = ["shanghai", "beijing"];
-const CARRIERS: [&str; 2] = ["telecom", "unicom"];
-const UPSTREAMS: [&str; 2] = ["provider-a", "provider-b"];
-const IDS: u8 = 10;
+const CARRIERS: [&str; 3] = ["telecom", "unicom", "mobile"];
+const UPSTREAMS: [&str; 3] = ["provider-a", "provider-b", "provider-c"];
 const MIN_TTL: Duration = Duration::from_millis(1000);
 const MAX_HEALTH_AGE: Duration = Duration::from_millis(1500);
 
+/// The pool shape a run draws from: how many ids, regions, carriers and
+/// upstreams, how large a load, a request and a reserve can be.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    ids: u16,
+    regions: usize,
+    carriers: usize,
+    upstreams: usize,
+    max_batch: usize,
+    max_count: u32,
+    max_reserve: u32,
+}
+
+/// Ten proxies in 24 combinations: every state change is likely to meet
+/// every other.
+const SMALL: Shape = Shape {
+    ids: 10,
+    regions: 2,
+    carriers: 2,
+    upstreams: 2,
+    max_batch: 6,
+    max_count: 6,
+    max_reserve: 3,
+};
+
+/// Hundreds of proxies over 40 regions (1,080 combinations, 120 kinds of
+/// slice): many-slice merges, reserves larger than what is eligible, and
+/// runs of stale entries ahead of fresh ones.
+const WIDE: Shape = Shape {
+    ids: 400,
+    regions: 40,
+    carriers: 3,
+    upstreams: 3,
+    max_batch: 80,
+    max_count: 40,
+    max_reserve: 120,
+};
+
+fn region(i: usize) -> String {
+    format!("city-{i:03}")
+}
+
 #[derive(Debug, Clone)]
 struct Spec {
-    id: u8,
+    id: u16,
     protocol: usize,
     region: usize,
     carrier: usize,
@@ -44,39 +84,40 @@ struct Spec {
 enum Op {
     Load(Vec<Spec>),
     Health {
-        id: u8,
+        id: u16,
         ok: bool,
         checked_ago: Option<i64>,
     },
     Claim {
-        id: u8,
+        id: u16,
         worker: u8,
     },
     Drain {
-        id: u8,
+        id: u16,
         who: u8,
         stale: bool,
     },
     Ack {
-        id: u8,
+        id: u16,
         who: u8,
         stale: bool,
         active: u32,
         reserved: u32,
     },
     Release {
-        id: u8,
+        id: u16,
         who: u8,
         stale: bool,
     },
     Remove {
-        id: u8,
+        id: u16,
     },
     Extract {
         count: u32,
         all_or_nothing: bool,
         protocols: Vec<usize>,
         regions: Vec<usize>,
+        carriers: Vec<usize>,
         upstreams: Option<Vec<usize>>,
         key: Option<u8>,
         reserve: u32,
@@ -84,17 +125,19 @@ enum Op {
     Advance(u64),
 }
 
-fn subset(n: usize) -> impl Strategy<Value = Vec<usize>> {
-    proptest::sample::subsequence((0..n).collect::<Vec<_>>(), 0..=n)
+fn subset(n: usize, most: usize) -> impl Strategy<Value = Vec<usize>> {
+    proptest::sample::subsequence((0..n).collect::<Vec<_>>(), 0..=n.min(most))
 }
 
-fn spec() -> impl Strategy<Value = Spec> {
+fn spec(shape: Shape) -> impl Strategy<Value = Spec> {
     (
-        0..IDS,
-        0..3usize,
-        0..2usize,
-        0..2usize,
-        0..2usize,
+        (
+            0..shape.ids,
+            0..3usize,
+            0..shape.regions,
+            0..shape.carriers,
+            0..shape.upstreams,
+        ),
         -200i64..4000,
         0i64..3000,
         prop::bool::weighted(0.85),
@@ -102,45 +145,77 @@ fn spec() -> impl Strategy<Value = Spec> {
     )
         .prop_map(
             |(
-                id,
-                protocol,
-                region,
-                carrier,
-                upstream,
+                (id, protocol, region, carrier, upstream),
                 expires_in,
                 margin,
                 health_ok,
                 checked_ago,
-            )| Spec {
-                id,
-                protocol,
-                region,
-                carrier,
-                upstream,
-                expires_in,
-                margin,
-                health_ok,
-                checked_ago,
+            )| {
+                Spec {
+                    id,
+                    protocol,
+                    region,
+                    carrier,
+                    upstream,
+                    expires_in,
+                    margin,
+                    health_ok,
+                    checked_ago,
+                }
             },
         )
 }
 
-fn op() -> impl Strategy<Value = Op> {
+/// A load of fresh proxies behind a run of stale-health ones expiring
+/// sooner, in one region: what a lagging health checker leaves.
+fn stale_run(shape: Shape) -> impl Strategy<Value = Vec<Spec>> {
+    (
+        0..shape.regions,
+        1..shape.max_batch,
+        1..6usize,
+        0..shape.ids,
+    )
+        .prop_map(move |(region, stale, fresh, first)| {
+            (0..stale + fresh)
+                .map(|i| Spec {
+                    id: ((usize::from(first) + i) % usize::from(shape.ids)) as u16,
+                    protocol: i % 3,
+                    region,
+                    carrier: i % shape.carriers,
+                    upstream: i % shape.upstreams,
+                    expires_in: 1500 + i as i64 * 10,
+                    margin: 0,
+                    health_ok: true,
+                    checked_ago: if i < stale { 2000 } else { 0 },
+                })
+                .collect()
+        })
+}
+
+fn op(shape: Shape) -> impl Strategy<Value = Op> {
+    let ids = shape.ids;
     prop_oneof![
-        3 => prop::collection::vec(spec(), 1..6).prop_map(Op::Load),
-        2 => (0..IDS, any::<bool>(), prop::option::of(0i64..2500))
+        3 => prop::collection::vec(spec(shape), 1..shape.max_batch).prop_map(Op::Load),
+        1 => stale_run(shape).prop_map(Op::Load),
+        2 => (0..ids, any::<bool>(), prop::option::of(0i64..2500))
             .prop_map(|(id, ok, checked_ago)| Op::Health { id, ok, checked_ago }),
-        3 => (0..IDS, 0..3u8).prop_map(|(id, worker)| Op::Claim { id, worker }),
-        2 => (0..IDS, 0..3u8, prop::bool::weighted(0.2))
+        3 => (0..ids, 0..3u8).prop_map(|(id, worker)| Op::Claim { id, worker }),
+        2 => (0..ids, 0..3u8, prop::bool::weighted(0.2))
             .prop_map(|(id, who, stale)| Op::Drain { id, who, stale }),
-        2 => (0..IDS, 0..3u8, prop::bool::weighted(0.2), 0..2u32, 0..2u32)
+        2 => (0..ids, 0..3u8, prop::bool::weighted(0.2), 0..2u32, 0..2u32)
             .prop_map(|(id, who, stale, active, reserved)| Op::Ack { id, who, stale, active, reserved }),
-        2 => (0..IDS, 0..3u8, prop::bool::weighted(0.2))
+        2 => (0..ids, 0..3u8, prop::bool::weighted(0.2))
             .prop_map(|(id, who, stale)| Op::Release { id, who, stale }),
-        1 => (0..IDS).prop_map(|id| Op::Remove { id }),
-        4 => (1..6u32, any::<bool>(), subset(3), subset(2), prop::option::of(subset(2)), prop::option::of(0..3u8), 0..3u32)
-            .prop_map(|(count, all_or_nothing, protocols, regions, upstreams, key, reserve)| Op::Extract {
-                count, all_or_nothing, protocols, regions, upstreams, key, reserve,
+        1 => (0..ids).prop_map(|id| Op::Remove { id }),
+        5 => (
+            (1..=shape.max_count, any::<bool>()),
+            (subset(3, 3), subset(shape.regions, 4), subset(shape.carriers, 2)),
+            prop::option::of(subset(shape.upstreams, 3)),
+            prop::option::of(0..3u8),
+            prop_oneof![Just(0u32), 0..=shape.max_reserve],
+        )
+            .prop_map(|((count, all_or_nothing), (protocols, regions, carriers), upstreams, key, reserve)| {
+                Op::Extract { count, all_or_nothing, protocols, regions, carriers, upstreams, key, reserve }
             }),
         1 => (1..40u64).prop_map(Op::Advance),
     ]
@@ -152,13 +227,13 @@ async fn redis_now(pool: &RedisPool) -> i64 {
     secs * 1000 + micros / 1000
 }
 
-fn id(n: u8) -> String {
+fn id(n: u16) -> String {
     format!("px-{n}")
 }
 
 /// The holder and epoch an ownership operation names: the current ones,
 /// or (`who` 1 and 2) some Worker, and with `stale` the epoch before.
-fn holder(model: &MemoryPool, n: u8, who: u8, stale: bool) -> (String, u64) {
+fn holder(model: &MemoryPool, n: u16, who: u8, stale: bool) -> (String, u64) {
     let state = model.state();
     let record = state.records.get(&id(n));
     let owner = record.and_then(|r| r["owner"].as_str()).map(str::to_owned);
@@ -193,11 +268,11 @@ async fn step(
                     NewProxy {
                         id: id(s.id),
                         protocol: PROTOCOLS[s.protocol].into(),
-                        host: format!("192.0.2.{}", s.id),
-                        port: 8000 + u16::from(s.id),
+                        host: format!("192.0.2.{}", s.id % 250 + 1),
+                        port: 8000 + s.id,
                         username: (s.id % 2 == 0).then(|| format!("u{}", s.id)),
                         password: (s.id % 2 == 0).then(|| format!("p{}", s.id)),
-                        region: REGIONS[s.region].into(),
+                        region: region(s.region),
                         carrier: CARRIERS[s.carrier].into(),
                         upstream: UPSTREAMS[s.upstream].into(),
                         expires_at,
@@ -215,13 +290,15 @@ async fn step(
             all_or_nothing,
             protocols,
             regions,
+            carriers,
             upstreams,
             key,
             reserve,
         } => {
             let mut filters = Filters {
                 protocols: protocols.iter().map(|i| PROTOCOLS[*i].to_owned()).collect(),
-                regions: regions.iter().map(|i| REGIONS[*i].to_owned()).collect(),
+                regions: regions.iter().map(|i| region(*i)).collect(),
+                carriers: carriers.iter().map(|i| CARRIERS[*i].to_owned()).collect(),
                 ..Filters::default()
             };
             let upstream_set: Option<BTreeSet<String>> = upstreams
@@ -328,10 +405,9 @@ async fn step(
     Ok(())
 }
 
-/// Thousands of random operations per run; the scripts and the model never
-/// diverge in a result or in the pool's state.
-#[test]
-fn scripts_agree_with_the_model() {
+/// Runs `cases` random operation sequences of `shape` (each on an emptied
+/// Redis) and returns how many operations ran; panics on a divergence.
+fn check(shape: Shape, cases: u32, ops: std::ops::Range<usize>) -> usize {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let redis = rt
         .block_on(RedisServer::start())
@@ -340,17 +416,13 @@ fn scripts_agree_with_the_model() {
     let pool = rt
         .block_on(async { RedisPool::new(&redis.url(), Duration::from_secs(5)) })
         .unwrap();
-    let cases = std::env::var("MODEL_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(48);
     let mut runner = TestRunner::new(Config {
         cases,
         failure_persistence: None,
         ..Config::default()
     });
     let total_ops = std::cell::Cell::new(0usize);
-    let result = runner.run(&prop::collection::vec(op(), 40..120), |ops| {
+    let result = runner.run(&prop::collection::vec(op(shape), ops), |ops| {
         total_ops.set(total_ops.get() + ops.len());
         rt.block_on(async {
             let mut conn = pool.connection();
@@ -365,7 +437,33 @@ fn scripts_agree_with_the_model() {
     if let Err(e) = result {
         panic!("{e}");
     }
-    let total_ops = total_ops.get();
-    eprintln!("model check: {cases} cases, {total_ops} operations");
+    total_ops.get()
+}
+
+fn cases(default: u32) -> u32 {
+    std::env::var("MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Thousands of random operations per run on a small pool; the scripts and
+/// the model never diverge in a result or in the pool's state.
+#[test]
+fn scripts_agree_with_the_model() {
+    let cases = cases(48);
+    let total_ops = check(SMALL, cases, 40..120);
+    eprintln!("model check (small pools): {cases} cases, {total_ops} operations");
     assert!(total_ops >= 2000, "too few operations: {total_ops}");
+}
+
+/// The same on wide pools: 1,080 combinations, loads of up to 80 proxies,
+/// counts up to 40, reserves up to 120 (often more than is eligible), runs
+/// of stale entries ahead of fresh ones, filters naming several regions.
+#[test]
+fn scripts_agree_with_the_model_on_wide_pools() {
+    let cases = cases(16);
+    let total_ops = check(WIDE, cases, 30..80);
+    eprintln!("model check (wide pools): {cases} cases, {total_ops} operations");
+    assert!(total_ops >= 400, "too few operations: {total_ops}");
 }

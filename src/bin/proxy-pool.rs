@@ -55,7 +55,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Remove proxies whose TTL life is over, in bounded batches.
+    /// Remove proxies whose TTL life is over, and index entries past their
+    /// safety margin or PROXY_POOL_MAX_HEALTH_CHECK_AGE_SECONDS, in bounded batches.
     Prune {
         /// Redis holding the pool.
         #[arg(long, env = "PROXY_POOL_REDIS_URL", hide_env_values = true)]
@@ -450,8 +451,10 @@ async fn contract(target: &Target, op: ContractOp) -> CliResult {
 }
 
 async fn prune(redis_url: &str) -> CliResult {
-    let (_, pool) = operator_pool(redis_url)?;
-    let report = pool.prune_expired(MAX_PRUNE_BATCH, u32::MAX).await?;
+    let (config, pool) = operator_pool(redis_url)?;
+    let report = pool
+        .prune_expired(MAX_PRUNE_BATCH, u32::MAX, config.max_health_check_age)
+        .await?;
     println!(
         "pruned {} expired proxies and {} index entries in {} calls",
         report.records, report.index_entries, report.batches

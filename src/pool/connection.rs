@@ -166,7 +166,7 @@ impl PoolConnection {
             Inner::Single(conn) => cmd.query_async(conn).await,
             Inner::Cluster(lazy) => {
                 let mut conn = lazy.get().await?;
-                let route = Route::with_key(keys::AVAIL, SlotAddr::Master);
+                let route = Route::with_key(keys::PROXIES, SlotAddr::Master);
                 let value = conn
                     .route_command(
                         cmd,

@@ -2,16 +2,10 @@
 //! (`lua/contract.lua`): health results and Worker ownership with fencing
 //! epochs. Each operation is one atomic script call.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
-
-use super::keys;
 use super::redis_pool::{PoolError, RedisPool};
-
-static CONTRACT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/contract.lua")));
+use super::scripts;
 
 /// One operation on one proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,13 +202,7 @@ impl ContractOp {
 impl RedisPool {
     /// Applies one contract operation atomically.
     pub async fn apply(&self, op: &ContractOp) -> Result<ContractReply, PoolError> {
-        let mut inv = CONTRACT.prepare_invoke();
-        inv.key(keys::AVAIL)
-            .key(keys::BUCKETS)
-            .key(keys::PROXIES)
-            .key(keys::HELD)
-            .key(keys::EXPIRY)
-            .key(keys::HEADS);
+        let mut inv = scripts::with_pool_keys(&scripts::CONTRACT);
         for arg in op.args() {
             inv.arg(arg);
         }

@@ -6,23 +6,36 @@ use sha2::{Digest, Sha256};
 /// The hash tag every pool key starts with.
 pub const HASH_TAG: &str = "{pp}";
 
-/// `ZSET`, score 0: the allocatable index, one member per proxy that may be
-/// handed out, `"<protocol>|<region>|<carrier>|<upstream>|<expiresAt ms, 13 digits>|<id>"`,
-/// so each bucket is a lexicographic range sorted by expiry.
-pub const AVAIL: &str = "{pp}:avail";
-/// `HASH` bucket -> number of its members in [`AVAIL`].
-pub const BUCKETS: &str = "{pp}:buckets";
 /// `HASH` proxy id -> record (JSON), or a credential-free tombstone once extracted.
 pub const PROXIES: &str = "{pp}:proxies";
+/// `ZSET` proxy id -> expiresAt ms: every record and tombstone, for pruning.
+pub const EXPIRY: &str = "{pp}:expiry";
 /// `HASH` proxy id -> Worker id, for proxies CLAIMED or DRAINING.
 pub const HELD: &str = "{pp}:held";
-/// `HASH` bucket -> `"<expiresAt ms, 13 digits>|<id>"`, a lower bound of the
-/// bucket's first entry in [`AVAIL`] that may still be eligible (`"~"`: none).
-/// Written by extraction, lowered by every script that adds to [`AVAIL`]; it
-/// only decides which buckets an extraction probes, never what it may take.
-pub const HEADS: &str = "{pp}:heads";
-/// `ZSET` proxy id -> expiresAt ms, for pruning expired records.
-pub const EXPIRY: &str = "{pp}:expiry";
+/// Index family `pool` (lex `ZSET`): every indexed proxy, in expiry order.
+pub const IX_POOL: &str = "{pp}:ix:pool";
+/// Index family `region` (lex `ZSET`): one slice per region.
+pub const IX_REGION: &str = "{pp}:ix:region";
+/// Index family `kind` (lex `ZSET`): one slice per (protocol, carrier, upstream).
+pub const IX_KIND: &str = "{pp}:ix:kind";
+/// Index family `atom` (lex `ZSET`): one slice per (protocol, region, carrier,
+/// upstream); its members are the entries' locators.
+pub const IX_ATOM: &str = "{pp}:ix:atom";
+/// `ZSET` usableUntil -> locator, for indexed proxies with a safety margin.
+pub const IX_USABLE: &str = "{pp}:ix:usable";
+/// `ZSET` healthCheckedAt -> locator, for every indexed proxy.
+pub const IX_CHECKED: &str = "{pp}:ix:checked";
+/// `HASH` `"<family>:<slice>"` -> lower bound of the slice's first entry: the
+/// order in which a many-slice extraction probes, never what it may take.
+pub const IX_HINT: &str = "{pp}:ix:hint";
+/// `HASH` `"<protocol>|<carrier>|<upstream>"` -> `"1"`: every kind ever indexed.
+pub const IX_KINDS: &str = "{pp}:ix:kinds";
+
+/// The keys every pool script takes first, in the order `lua/prelude.lua` names them.
+pub const POOL: [&str; 11] = [
+    PROXIES, EXPIRY, HELD, IX_POOL, IX_REGION, IX_KIND, IX_ATOM, IX_USABLE, IX_CHECKED, IX_HINT,
+    IX_KINDS,
+];
 
 /// `STRING`: the global rate limit's theoretical arrival time (GCRA, ms).
 pub const RATE_GLOBAL: &str = "{pp}:rl:global";

@@ -2,21 +2,20 @@
 //! (`lua/prune.lua`) and counting the inventory extraction could draw from
 //! (`lua/inventory.lua`).
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
 use serde::Serialize;
 
-use super::keys;
 use super::redis_pool::{PoolError, RedisPool};
-
-static PRUNE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/prune.lua")));
-static INVENTORY: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/inventory.lua")));
+use super::scripts;
 
 /// Largest batch one `lua/prune.lua` call accepts (it bounds the script's run time).
 pub const MAX_PRUNE_BATCH: u32 = 1000;
+/// Combinations `lua/inventory.lua` counts per call.
+const INVENTORY_PAGE: u32 = 500;
+/// One `lua/inventory.lua` reply: Redis time, (combination, eligible,
+/// indexed) rows, proxies held, and the cursor of the next page.
+type InventoryPage = (i64, Vec<(String, u64, u64)>, u64, Vec<u8>);
 
 /// What [`RedisPool::prune_expired`] removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -32,7 +31,8 @@ pub struct PruneReport {
     pub complete: bool,
 }
 
-/// One bucket of the allocatable index, as counted by `lua/inventory.lua`.
+/// One combination (protocol, region, carrier, upstream) of the index, as
+/// counted by `lua/inventory.lua`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BucketInventory {
@@ -44,11 +44,11 @@ pub struct BucketInventory {
     pub carrier: String,
     /// Upstream provider.
     pub upstream: String,
-    /// Index entries with at least minRemainingTTL left: an upper bound of what
-    /// extraction could hand out (it re-checks health age, safety margin and
-    /// ownership per record).
+    /// Index entries with at least minRemainingTTL left: what extraction
+    /// could hand out, once the entries past their safety margin or health
+    /// age are pruned (the scheduled health check prunes first).
     pub eligible: u64,
-    /// All index entries of the bucket.
+    /// All index entries of the combination.
     pub indexed: u64,
 }
 
@@ -57,7 +57,7 @@ pub struct BucketInventory {
 pub struct Inventory {
     /// Redis `TIME` when it was counted, Unix ms.
     pub at_ms: i64,
-    /// One entry per bucket, sorted.
+    /// One entry per combination in the index, sorted.
     pub buckets: Vec<BucketInventory>,
     /// Proxies held by Workers (CLAIMED or DRAINING).
     pub held: u64,
@@ -69,20 +69,23 @@ impl RedisPool {
     pub async fn load_maintenance_scripts(&self) -> Result<(), PoolError> {
         let mut conn = self.connection();
         self.bounded(async {
-            PRUNE.load_async(&mut conn).await?;
-            INVENTORY.load_async(&mut conn).await?;
+            scripts::PRUNE.load_async(&mut conn).await?;
+            scripts::INVENTORY.load_async(&mut conn).await?;
             Ok(())
         })
         .await
     }
 
-    /// Removes proxies whose TTL life is over, `batch` entries per script call
-    /// (clamped to 1..=[`MAX_PRUNE_BATCH`]) and at most `max_batches` calls,
-    /// so one run stays bounded however much has expired.
+    /// Removes proxies whose TTL life is over, and index entries that can
+    /// no longer be handed out (past their safety margin, or with a health
+    /// check older than `max_health_check_age`), `batch` entries per sweep
+    /// per script call (clamped to 1..=[`MAX_PRUNE_BATCH`]) and at most
+    /// `max_batches` calls, so one run stays bounded however much is due.
     pub async fn prune_expired(
         &self,
         batch: u32,
         max_batches: u32,
+        max_health_check_age: Duration,
     ) -> Result<PruneReport, PoolError> {
         let batch = batch.clamp(1, MAX_PRUNE_BATCH);
         let mut report = PruneReport {
@@ -90,13 +93,8 @@ impl RedisPool {
             ..PruneReport::default()
         };
         while report.batches < max_batches {
-            let mut inv = PRUNE.prepare_invoke();
-            inv.key(keys::AVAIL)
-                .key(keys::BUCKETS)
-                .key(keys::PROXIES)
-                .key(keys::EXPIRY)
-                .key(keys::HELD)
-                .arg(batch);
+            let mut inv = scripts::with_pool_keys(&scripts::PRUNE);
+            inv.arg(batch).arg(max_health_check_age.as_millis() as u64);
             // Repeating a prune after a dropped connection removes nothing twice.
             let (records, index_entries, more): (u64, u64, u8) = self.invoke(&inv, true).await?;
             report.batches += 1;
@@ -110,38 +108,51 @@ impl RedisPool {
         Ok(report)
     }
 
-    /// Counts, per bucket, the index entries extraction could draw from now.
+    /// Counts, per combination, the index entries extraction could draw
+    /// from now: one script call per page of combinations.
     pub async fn inventory(&self, min_remaining_ttl: Duration) -> Result<Inventory, PoolError> {
-        let mut inv = INVENTORY.prepare_invoke();
-        inv.key(keys::AVAIL)
-            .key(keys::BUCKETS)
-            .key(keys::HELD)
-            .arg(min_remaining_ttl.as_millis() as u64);
-        let (at_ms, rows, held): (i64, Vec<(String, u64, u64)>, u64) =
-            self.invoke(&inv, true).await?;
-        let mut buckets = Vec::with_capacity(rows.len());
-        for (bucket, eligible, indexed) in rows {
-            let mut parts = bucket.split('|');
-            let (Some(protocol), Some(region), Some(carrier), Some(upstream), None) = (
-                parts.next(),
-                parts.next(),
-                parts.next(),
-                parts.next(),
-                parts.next(),
-            ) else {
-                // upsert.lua never writes such a name: skip it, and log no contents.
-                tracing::warn!(len = bucket.len(), "malformed bucket in the pool index");
-                continue;
-            };
-            buckets.push(BucketInventory {
-                protocol: protocol.into(),
-                region: region.into(),
-                carrier: carrier.into(),
-                upstream: upstream.into(),
-                eligible,
-                indexed,
-            });
+        let mut buckets = Vec::new();
+        // A position in the index (raw bytes: it may end in 0xFF).
+        let mut cursor: Vec<u8> = Vec::new();
+        loop {
+            let mut inv = scripts::with_pool_keys(&scripts::INVENTORY);
+            inv.arg(min_remaining_ttl.as_millis() as u64)
+                .arg(&cursor)
+                .arg(INVENTORY_PAGE);
+            let (at_ms, rows, held, next): InventoryPage = self.invoke(&inv, true).await?;
+            for (combination, eligible, indexed) in rows {
+                let mut parts = combination.split('|');
+                let (Some(protocol), Some(region), Some(carrier), Some(upstream), None) = (
+                    parts.next(),
+                    parts.next(),
+                    parts.next(),
+                    parts.next(),
+                    parts.next(),
+                ) else {
+                    // The script only reports locators' combinations: log no contents.
+                    tracing::warn!(
+                        len = combination.len(),
+                        "malformed combination in the pool index"
+                    );
+                    continue;
+                };
+                buckets.push(BucketInventory {
+                    protocol: protocol.into(),
+                    region: region.into(),
+                    carrier: carrier.into(),
+                    upstream: upstream.into(),
+                    eligible,
+                    indexed,
+                });
+            }
+            if next.is_empty() {
+                return Ok(Self::sorted_inventory(at_ms, buckets, held));
+            }
+            cursor = next;
         }
+    }
+
+    fn sorted_inventory(at_ms: i64, mut buckets: Vec<BucketInventory>, held: u64) -> Inventory {
         buckets.sort_by(|a, b| {
             (&a.upstream, &a.protocol, &a.region, &a.carrier).cmp(&(
                 &b.upstream,
@@ -150,10 +161,10 @@ impl RedisPool {
                 &b.carrier,
             ))
         });
-        Ok(Inventory {
+        Inventory {
             at_ms,
             buckets,
             held,
-        })
+        }
     }
 }

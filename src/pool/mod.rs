@@ -24,6 +24,7 @@ mod maintenance;
 mod model;
 mod new_proxy;
 mod redis_pool;
+mod scripts;
 
 pub use connection::{PoolConnection, RedisOptions};
 pub use contract::{ContractOp, ContractReply, Verdict};

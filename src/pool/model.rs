@@ -21,10 +21,10 @@ use crate::extraction::{CommittedExtraction, Fulfillment, PooledProxy};
 pub struct PoolState {
     /// `{pp}:proxies`: id -> record or tombstone, as JSON.
     pub records: BTreeMap<String, Value>,
-    /// `{pp}:avail` members.
+    /// The index: the locators `"<p>|<r>|<c>|<u>|<expiry, 13 digits>|<id>"`
+    /// of every indexed proxy (in Redis, read from all six index sets, which
+    /// must agree).
     pub index: BTreeSet<String>,
-    /// `{pp}:buckets`.
-    pub buckets: BTreeMap<String, i64>,
     /// `{pp}:held`.
     pub held: BTreeMap<String, String>,
     /// `{pp}:expiry`.
@@ -32,23 +32,38 @@ pub struct PoolState {
 }
 
 impl RedisPool {
-    /// Reads the whole pool (O(pool size): for tests and debugging only).
+    /// Reads the whole pool (O(pool size): for tests and debugging only),
+    /// and checks that the six index sets describe the same entries: each
+    /// family member stands for a locator of the atom family, `checked`
+    /// holds every locator with its record's health time, `usable` exactly
+    /// those with a safety margin, at their `usableUntil`.
     pub async fn state(&self) -> Result<PoolState, PoolError> {
         let mut conn = self.connection();
-        let records: BTreeMap<String, String> = redis::cmd("HGETALL")
+        let raw: BTreeMap<String, String> = redis::cmd("HGETALL")
             .arg(keys::PROXIES)
             .query_async(&mut conn)
             .await?;
-        let index: BTreeSet<String> = redis::cmd("ZRANGE")
-            .arg(keys::AVAIL)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await?;
-        let buckets: BTreeMap<String, i64> = redis::cmd("HGETALL")
-            .arg(keys::BUCKETS)
-            .query_async(&mut conn)
-            .await?;
+        let mut sets = Vec::new();
+        for key in [keys::IX_POOL, keys::IX_REGION, keys::IX_KIND, keys::IX_ATOM] {
+            let members: Vec<String> = redis::cmd("ZRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await?;
+            sets.push(members);
+        }
+        let mut scored = Vec::new();
+        for key in [keys::IX_USABLE, keys::IX_CHECKED] {
+            let members: Vec<(String, i64)> = redis::cmd("ZRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query_async(&mut conn)
+                .await?;
+            scored.push(members);
+        }
         let held: BTreeMap<String, String> = redis::cmd("HGETALL")
             .arg(keys::HELD)
             .query_async(&mut conn)
@@ -60,17 +75,65 @@ impl RedisPool {
             .arg("WITHSCORES")
             .query_async(&mut conn)
             .await?;
+        let records: BTreeMap<String, Value> = raw
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::from_str(&v).unwrap_or(Value::String(v))))
+            .collect();
+        let index: BTreeSet<String> = sets[3].iter().cloned().collect();
+        let disagree =
+            |what: &str| Err(PoolError::Internal(format!("index sets disagree: {what}")));
+        for (family, members) in ["pool", "region", "kind"].iter().zip(&sets) {
+            let locators: Option<BTreeSet<String>> =
+                members.iter().map(|m| locator_from(family, m)).collect();
+            if locators.as_ref() != Some(&index) {
+                return disagree(family);
+            }
+        }
+        let field = |loc: &str, name: &str| -> Option<i64> {
+            let id = loc.rsplit('|').next()?;
+            records.get(id)?.get(name)?.as_i64()
+        };
+        let checked: BTreeMap<&str, i64> =
+            scored[1].iter().map(|(m, s)| (m.as_str(), *s)).collect();
+        if checked.len() != index.len()
+            || index
+                .iter()
+                .any(|l| checked.get(l.as_str()).copied() != field(l, "healthCheckedAt"))
+        {
+            return disagree("checked");
+        }
+        let usable: BTreeMap<&str, i64> = scored[0].iter().map(|(m, s)| (m.as_str(), *s)).collect();
+        for loc in &index {
+            let until = field(loc, "usableUntil");
+            let margin = until != field(loc, "expiresAt");
+            if usable.get(loc.as_str()).copied() != until.filter(|_| margin) {
+                return disagree("usable");
+            }
+        }
+        if usable.keys().any(|l| !index.contains(*l)) {
+            return disagree("usable");
+        }
         Ok(PoolState {
-            records: records
-                .into_iter()
-                .map(|(k, v)| (k, serde_json::from_str(&v).unwrap_or(Value::String(v))))
-                .collect(),
+            records,
             index,
-            buckets,
             held,
             expiry: expiry.into_iter().collect(),
         })
     }
+}
+
+/// The locator a member of an index family stands for (see `lua/prelude.lua`).
+fn locator_from(family: &str, member: &str) -> Option<String> {
+    let (head, tail) = member.split_once('\t')?;
+    let head: Vec<&str> = head.split('|').collect();
+    let tail: Vec<&str> = tail.split('|').collect();
+    let [p, r, c, u, e, id] = match (family, head.as_slice(), tail.as_slice()) {
+        ("pool", [e, id], [p, r, c, u]) => [p, r, c, u, e, id],
+        ("region", [r, e, id], [p, c, u]) => [p, r, c, u, e, id],
+        ("kind", [p, c, u, e, id], [r]) => [p, r, c, u, e, id],
+        _ => return None,
+    };
+    Some(format!("{p}|{r}|{c}|{u}|{e}|{id}"))
 }
 
 /// A live proxy record, field for field as the scripts store it.
@@ -162,7 +225,6 @@ impl Record {
 pub struct MemoryPool {
     entries: BTreeMap<String, Entry>,
     index: BTreeSet<String>,
-    buckets: BTreeMap<String, i64>,
     held: BTreeMap<String, String>,
     expiry: BTreeMap<String, i64>,
     /// Idempotency records: key -> (digest, result, expires at).
@@ -192,28 +254,8 @@ impl MemoryPool {
                 })
                 .collect(),
             index: self.index.clone(),
-            buckets: self.buckets.clone(),
             held: self.held.clone(),
             expiry: self.expiry.clone(),
-        }
-    }
-
-    fn index_add(&mut self, r: &Record) -> i64 {
-        i64::from(self.index.insert(r.member()))
-    }
-
-    fn index_remove(&mut self, member: &str) -> i64 {
-        i64::from(self.index.remove(member))
-    }
-
-    fn adjust_bucket(&mut self, bucket: &str, delta: i64) {
-        if delta == 0 {
-            return;
-        }
-        let count = self.buckets.entry(bucket.to_owned()).or_insert(0);
-        *count += delta;
-        if *count <= 0 {
-            self.buckets.remove(bucket);
         }
     }
 
@@ -265,12 +307,10 @@ impl MemoryPool {
                 None => UpsertStatus::Added,
             });
             if let Some(o) = old.as_ref().filter(|o| o.indexed()) {
-                let n = self.index_remove(&o.member());
-                self.adjust_bucket(&o.bucket(), -n);
+                self.index.remove(&o.member());
             }
             if new.indexed() {
-                let n = self.index_add(&new);
-                self.adjust_bucket(&new.bucket(), n);
+                self.index.insert(new.member());
             }
             self.expiry.insert(new.id.clone(), new.expires_at);
             self.entries
@@ -292,92 +332,53 @@ impl MemoryPool {
             };
         }
         let wanted = |list: &[String], v: &str| list.is_empty() || list.iter().any(|w| w == v);
-        let matching: BTreeSet<&String> = self
-            .buckets
-            .keys()
-            .filter(|b| {
-                let parts: Vec<&str> = b.split('|').collect();
-                parts.len() == 4
-                    && wanted(&q.filters.protocols, parts[0])
-                    && wanted(&q.filters.regions, parts[1])
-                    && wanted(&q.filters.carriers, parts[2])
-                    && q.upstreams.is_none_or(|u| u.contains(parts[3]))
-            })
-            .collect();
-        let need = (q.count + q.reserve) as usize;
-        let budget = 1024 + 4 * need;
-        let min_expiry = now + q.min_remaining_ttl.as_millis() as i64;
+        let matches = |r: &Record| {
+            wanted(&q.filters.protocols, &r.protocol)
+                && wanted(&q.filters.regions, &r.region)
+                && wanted(&q.filters.carriers, &r.carrier)
+                && q.upstreams.is_none_or(|u| u.contains(&r.upstream))
+        };
+        let from = now + (q.min_remaining_ttl.as_millis() as i64).max(1);
         let health_cutoff = now - q.max_health_check_age.as_millis() as i64;
-
-        // Candidates in the script's merge order: by "<expiry>|<id>".
-        let mut candidates: Vec<(String, &String, String, i64, String)> = Vec::new();
+        // Index entries past their safety margin or health age: due, they
+        // leave the index with this extraction, whatever it answers.
+        let mut due = Vec::new();
+        // Eligible entries in the scripts' order: by "<expiry>|<id>".
+        let mut eligible: Vec<(String, Record)> = Vec::new();
         for member in &self.index {
-            let Some((bucket, rest)) = member.rsplit_once('|').and_then(|(head, id)| {
-                head.rsplit_once('|')
-                    .map(|(bucket, expiry)| (bucket, format!("{expiry}|{id}")))
-            }) else {
+            let id = member.rsplit('|').next().unwrap_or_default();
+            let Some(Entry::Live(r)) = self.entries.get(id) else {
                 continue;
             };
-            let Some(bucket) = matching.get(&bucket.to_owned()).copied() else {
-                continue;
-            };
-            let (expiry, id) = rest.split_once('|').unwrap_or_default();
-            let Ok(expiry_ms) = expiry.parse::<i64>() else {
-                continue;
-            };
-            if expiry_ms < min_expiry {
-                continue;
-            }
-            candidates.push((
-                rest.clone(),
-                bucket,
-                member.clone(),
-                expiry_ms,
-                id.to_owned(),
-            ));
-        }
-        candidates.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-
-        let mut eligible: Vec<(String, &String, i64, Record)> = Vec::new();
-        let mut prune: Vec<(String, &String)> = Vec::new();
-        for (examined, (_, bucket, member, expiry, id)) in candidates.into_iter().enumerate() {
-            if eligible.len() >= need || examined >= budget {
-                break;
-            }
-            match self.entries.get(&id) {
-                Some(Entry::Live(r))
-                    if r.expires_at == expiry && r.indexed() && &r.bucket() == bucket =>
-                {
-                    if r.usable_until <= now {
-                        prune.push((member, bucket));
-                    } else if r.health_checked_at >= health_cutoff {
-                        eligible.push((member, bucket, expiry, (**r).clone()));
-                    }
-                }
-                _ => prune.push((member, bucket)),
+            let margin_passed = r.usable_until < r.expires_at && r.usable_until <= now;
+            if margin_passed || r.health_checked_at < health_cutoff {
+                due.push(member.clone());
+            } else if r.expires_at >= from && matches(r) {
+                eligible.push((format!("{:013}|{}", r.expires_at, r.id), (**r).clone()));
             }
         }
+        eligible.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         let available = eligible.len().saturating_sub(q.reserve as usize) as u32;
         let take = q.count.min(available) as usize;
+        for member in due {
+            self.index.remove(&member);
+        }
         if q.fulfillment == Fulfillment::AllOrNothing && take < q.count as usize {
             return ExtractionOutcome::Insufficient {
                 available: u64::from(available),
                 at_ms: now,
             };
         }
-        let mut removed: BTreeMap<String, i64> = BTreeMap::new();
         let mut proxies = Vec::with_capacity(take);
-        for (member, bucket, expiry, record) in eligible.into_iter().take(take) {
-            *removed.entry(bucket.clone()).or_default() += i64::from(self.index.remove(&member));
+        for (_, record) in eligible.into_iter().take(take) {
+            self.index.remove(&record.member());
             proxies.push(record.pooled());
-            self.entries
-                .insert(record.id.clone(), Entry::Extracted { expires_at: expiry });
-        }
-        for (member, bucket) in prune {
-            *removed.entry(bucket.clone()).or_default() += i64::from(self.index.remove(&member));
-        }
-        for (bucket, n) in removed {
-            self.adjust_bucket(&bucket, -n);
+            self.entries.insert(
+                record.id.clone(),
+                Entry::Extracted {
+                    expires_at: record.expires_at,
+                },
+            );
         }
         let result = CommittedExtraction {
             request_id: q.request_id.to_owned(),
@@ -414,10 +415,7 @@ impl MemoryPool {
         let was_indexed = rec.indexed();
         let epoch = rec.epoch;
         if let ContractOp::Remove { .. } = op {
-            if was_indexed {
-                let n = self.index_remove(&rec.member());
-                self.adjust_bucket(&rec.bucket(), -n);
-            }
+            self.index.remove(&rec.member());
             self.entries.remove(&id);
             self.held.remove(&id);
             self.expiry.remove(&id);
@@ -506,14 +504,11 @@ impl MemoryPool {
             }
             ContractOp::Remove { .. } => unreachable!("handled above"),
         }
-        let now_indexed = rec.indexed();
-        if was_indexed != now_indexed {
-            let n = if now_indexed {
-                self.index_add(&rec)
-            } else {
-                -self.index_remove(&rec.member())
-            };
-            self.adjust_bucket(&rec.bucket(), n);
+        // An entry left indexed is (re)added: it may have left as due.
+        if rec.indexed() {
+            self.index.insert(rec.member());
+        } else {
+            self.index.remove(&rec.member());
         }
         match (rec.status, &rec.owner) {
             (Status::Claimed | Status::Draining, Some(owner)) => {

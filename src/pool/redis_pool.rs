@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::connection::{PoolConnection, RedisOptions};
 use super::keys;
 use super::new_proxy::{NewProxy, UpsertStatus};
+use super::scripts;
 use crate::config::Config;
 use crate::extraction::{CommittedExtraction, Filters, Fulfillment};
 
@@ -21,6 +22,13 @@ use crate::extraction::{CommittedExtraction, Filters, Fulfillment};
 const IDLE_PING_AFTER: Duration = Duration::from_secs(30);
 /// Proxies sent to `lua/upsert.lua` per call.
 pub const UPSERT_BATCH: usize = 500;
+/// The oldest Redis the scripts run on (Valkey reports its Redis level):
+/// they use `TIME` before writes, shebang flags and `PEXPIRETIME`.
+const MIN_REDIS: (u32, u32) = (7, 0);
+/// Reports the server's version to the version check (`redis.REDIS_VERSION`
+/// exists from Redis 7.0 on; older servers answer "").
+static VERSION: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new("return redis.REDIS_VERSION or ''"));
 
 /// Why the pool could not answer. Messages carry Redis error kinds and codes,
 /// never Redis error text or topology.
@@ -146,16 +154,10 @@ pub struct RedisPool {
     timeout: Duration,
     replica_acks: u32,
     replica_ack_timeout: Duration,
-    scripts: Arc<Scripts>,
     started: Instant,
     last_used_ms: Arc<AtomicU64>,
     suspect: Arc<AtomicBool>,
-}
-
-struct Scripts {
-    extract: Script,
-    upsert: Script,
-    ratelimit: Script,
+    version_checked: Arc<AtomicBool>,
 }
 
 /// The rate limiter's verdict.
@@ -189,26 +191,50 @@ impl RedisPool {
             timeout: options.timeout,
             replica_acks: options.replica_acks,
             replica_ack_timeout: options.replica_ack_timeout,
-            scripts: Arc::new(Scripts {
-                extract: Script::new(include_str!("../../lua/extract.lua")),
-                upsert: Script::new(include_str!("../../lua/upsert.lua")),
-                ratelimit: Script::new(include_str!("../../lua/ratelimit.lua")),
-            }),
             started: Instant::now(),
             last_used_ms: Arc::new(AtomicU64::new(0)),
             suspect: Arc::new(AtomicBool::new(false)),
+            version_checked: Arc::new(AtomicBool::new(false)),
         })
     }
 
-    /// Readiness: Redis answers and the extraction script is loaded.
+    /// Readiness: Redis answers, runs a supported version, and the
+    /// extraction script is loaded.
     pub async fn ping(&self) -> Result<(), PoolError> {
         let mut conn = self.conn.clone();
         self.bounded(async {
             ping(&mut conn).await?;
-            self.scripts.extract.load_async(&mut conn).await?;
+            self.check_version(&mut conn).await?;
+            scripts::EXTRACT.load_async(&mut conn).await?;
             Ok(())
         })
         .await
+    }
+
+    /// Refuses a server older than [`MIN_REDIS`] with an error naming its
+    /// version, instead of letting a script fail on a missing feature.
+    /// Checked on readiness and before the first script; success is kept.
+    async fn check_version(&self, conn: &mut PoolConnection) -> Result<(), PoolError> {
+        let mut inv = VERSION.prepare_invoke();
+        inv.key(keys::PROXIES);
+        let version: String = inv.invoke_async(conn).await?;
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+        let found = match (parts.next().flatten(), parts.next().flatten()) {
+            (Some(major), Some(minor)) => (major, minor),
+            _ => (0, 0),
+        };
+        if found < MIN_REDIS {
+            let shown = if version.is_empty() {
+                "older than 7.0"
+            } else {
+                version.as_str()
+            };
+            return Err(PoolError::Unavailable(format!(
+                "unsupported Redis version ({shown}): the pool scripts need Redis 7.0 or later, or Valkey 7.2 or later"
+            )));
+        }
+        self.version_checked.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Runs `lua/extract.lua` once: selection, checks, removal and the
@@ -220,11 +246,7 @@ impl RedisPool {
             carriers: restricting(&q.filters.carriers),
             upstreams: q.upstreams,
         };
-        let mut inv = self.scripts.extract.prepare_invoke();
-        inv.key(keys::AVAIL)
-            .key(keys::BUCKETS)
-            .key(keys::PROXIES)
-            .key(keys::HEADS);
+        let mut inv = scripts::with_pool_keys(&scripts::EXTRACT);
         inv.arg(q.count)
             .arg(q.fulfillment.as_str())
             .arg(q.reserve)
@@ -243,7 +265,25 @@ impl RedisPool {
         }
         // Repeating the script after a dropped connection is only safe when
         // the idempotency record can tell whether the first attempt committed.
-        let reply: Vec<String> = self.invoke(&inv, q.idempotency.is_some()).await?;
+        // "again": the call only removed index entries that can no longer be
+        // handed out (bounded work per call); the next call answers exactly.
+        let retry_on_drop = q.idempotency.is_some();
+        let mut conn = self.conn.clone();
+        let reply: Vec<String> = self
+            .bounded(async {
+                let mut cleanups = 0u32;
+                loop {
+                    let reply: Vec<String> = self.call(&mut conn, &inv, retry_on_drop).await?;
+                    if reply.len() != 1 || reply[0] != "again" {
+                        if cleanups > 0 {
+                            tracing::debug!(cleanups, "index cleanup calls before the extraction");
+                        }
+                        return Ok(reply);
+                    }
+                    cleanups += 1;
+                }
+            })
+            .await?;
         let committed = |json: &str| {
             serde_json::from_str::<CommittedExtraction>(json)
                 .map_err(|e| PoolError::Internal(format!("unreadable committed result: {e}")))
@@ -308,12 +348,7 @@ impl RedisPool {
         if batch.is_empty() || batch.len() > UPSERT_BATCH {
             return Err(PoolError::Internal("upsert batch size out of range".into()));
         }
-        let mut inv = self.scripts.upsert.prepare_invoke();
-        inv.key(keys::AVAIL)
-            .key(keys::BUCKETS)
-            .key(keys::PROXIES)
-            .key(keys::EXPIRY)
-            .key(keys::HEADS);
+        let mut inv = scripts::with_pool_keys(&scripts::UPSERT);
         for p in batch {
             inv.arg(p.to_script_arg());
         }
@@ -333,7 +368,7 @@ impl RedisPool {
     /// Runs `lua/ratelimit.lua` over `limits` (key, ms per request, burst):
     /// admitted only if every limit admits, and only then charged.
     pub async fn admit(&self, limits: &[(&str, f64, u32)]) -> Result<Admission, PoolError> {
-        let mut inv = self.scripts.ratelimit.prepare_invoke();
+        let mut inv = scripts::RATELIMIT.prepare_invoke();
         for (key, interval_ms, burst) in limits {
             inv.key(*key).arg(interval_ms.to_string()).arg(*burst);
         }
@@ -360,24 +395,37 @@ impl RedisPool {
         self.conn.clone()
     }
 
+    /// Runs a script once, bounded by the timeout.
     pub(super) async fn invoke<T: FromRedisValue>(
         &self,
         inv: &ScriptInvocation<'_>,
         retry_on_drop: bool,
     ) -> Result<T, PoolError> {
         let mut conn = self.conn.clone();
-        self.bounded(async {
-            if self.needs_ping() {
-                ping(&mut conn).await?;
+        self.bounded(self.call(&mut conn, inv, retry_on_drop)).await
+    }
+
+    /// One script call (unbounded: callers bound it): a PING first after
+    /// idleness or a failure, the version check before the first script,
+    /// and one repeat after a dropped connection when `retry_on_drop`.
+    async fn call<T: FromRedisValue>(
+        &self,
+        conn: &mut PoolConnection,
+        inv: &ScriptInvocation<'_>,
+        retry_on_drop: bool,
+    ) -> Result<T, PoolError> {
+        if self.needs_ping() {
+            ping(conn).await?;
+        }
+        if !self.version_checked.load(Ordering::Relaxed) {
+            self.check_version(conn).await?;
+        }
+        match inv.invoke_async(conn).await {
+            Err(e) if retry_on_drop && e.is_connection_dropped() => {
+                Ok(inv.invoke_async(conn).await?)
             }
-            match inv.invoke_async(&mut conn).await {
-                Err(e) if retry_on_drop && e.is_connection_dropped() => {
-                    Ok(inv.invoke_async(&mut conn).await?)
-                }
-                other => Ok(other?),
-            }
-        })
-        .await
+            other => Ok(other?),
+        }
     }
 
     fn needs_ping(&self) -> bool {
