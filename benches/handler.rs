@@ -18,7 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use criterion::{Criterion, criterion_group, criterion_main};
 use lambda_http::Body;
 use lambda_http::http::{Request, StatusCode};
-use proxy_pool::bench::synthetic_proxy;
+use proxy_pool::bench::{PoolShape, synthetic_proxy};
 use proxy_pool::distribution::EXTRACT_PATH;
 use proxy_pool::extraction::{CommittedExtraction, ExtractRequest, Fulfillment, IdempotencyKey};
 use proxy_pool::httpapi::{RequestId, json_response};
@@ -80,18 +80,22 @@ fn guard(api_key: bool) -> Guard {
     )
 }
 
-/// The reply `lua/extract.lua` sends for 10 proxies: the records as stored.
+/// The reply `lua/extract.lua` sends for 10 proxies: the response's fields of each.
 fn script_reply() -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
     let records: Vec<String> = (0..10)
         .map(|i| {
-            let json = synthetic_proxy(i, now).to_script_arg();
-            format!(
-                "{},\"status\":\"AVAILABLE\",\"epoch\":0,\"active\":0,\"reserved\":0}}",
-                json.trim_end_matches('}')
-            )
+            let mut json: serde_json::Value =
+                serde_json::from_str(&synthetic_proxy(i, now, PoolShape::SMALL).to_script_arg())
+                    .unwrap_or_default();
+            if let Some(fields) = json.as_object_mut() {
+                for state in ["usableUntil", "healthOk", "healthCheckedAt"] {
+                    fields.remove(state);
+                }
+            }
+            json.to_string()
         })
         .collect();
     format!(

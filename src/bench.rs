@@ -1,18 +1,23 @@
 //! `proxy-pool bench`: extraction throughput and latency through the real
 //! handler, measured against the ceiling of the same Redis in the same run.
 //!
-//! For each pool size N the database is flushed and filled with N synthetic
-//! proxies ([`synthetic_proxy`]: 18 buckets, TEST-NET addresses). Then every
-//! (count, C) cell:
+//! For each pool size N and pool shape ([`PoolShape`]: how many protocol x
+//! region x carrier x upstream combinations, 18 to a city-keyed 10,800) the
+//! database is flushed and filled with N synthetic proxies
+//! ([`synthetic_proxy`], TEST-NET addresses). Then every (filter shape,
+//! count, C) cell:
 //!
 //! 1. runs a trivial `EVALSHA` (`return 1`) from C tasks over the same kind of
 //!    connection the handler uses (the pool's `PoolConnection`), for half
 //!    the baseline time, before and again after the extraction, so slow
 //!    neighbours on a shared machine hit both sides of the ratio alike;
 //! 2. drives [`distribution::handle`] from C tasks with
-//!    `POST /api/v1/proxies/extract` `{"count":K}`, anonymous (`AuthSchemes`
-//!    `none`), rate limits off, no `Idempotency-Key` unless asked, and the
-//!    access log formatted as in Lambda (JSON) but discarded.
+//!    `POST /api/v1/proxies/extract` `{"count":K}` and the cell's filters
+//!    ([`FilterShape`]: none, one region, region + carrier, protocol +
+//!    upstream; the values rotate from request to request over the pool's
+//!    own), anonymous (`AuthSchemes` `none`), rate limits off, no
+//!    `Idempotency-Key` unless asked, and the access log formatted as in
+//!    Lambda (JSON) but discarded.
 //!
 //! Extraction consumes the pool, so a cell runs in rounds: before each round
 //! the pool is topped up to its target size and a round takes at most half of
@@ -23,8 +28,9 @@
 //!
 //! Besides the client-side figures, each cell reads Redis's own cost of the
 //! extraction script (`INFO commandstats` `usec` / `calls` of `evalsha`, and
-//! `INFO cpu` per call) over exactly the timed rounds, and the bench's own
-//! CPU time per request (handler + redis-rs + tokio, `getrusage`).
+//! `INFO cpu` per call) over exactly the timed rounds, the trivial script's
+//! the same way over its own windows, and the bench's own CPU time per
+//! request (handler + redis-rs + tokio, `getrusage`).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -47,12 +53,131 @@ use crate::security::{AuthSchemes, Guard, PeerAddr, RegistryHandle, SourcePolicy
 
 /// Protocols of the synthetic pool.
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
-/// Regions of the synthetic pool.
-const REGIONS: [&str; 3] = ["shanghai", "beijing", "guangzhou"];
-/// Upstreams of the synthetic pool.
-const UPSTREAMS: [&str; 2] = ["provider-a", "provider-b"];
-/// Filter buckets of the synthetic pool (one carrier).
-pub const BUCKETS: usize = PROTOCOLS.len() * REGIONS.len() * UPSTREAMS.len();
+/// Carriers of the synthetic pool (the first `carriers` of them).
+const CARRIERS: [&str; 3] = ["telecom", "unicom", "mobile"];
+/// Upstreams of the synthetic pool (the first `upstreams` of them).
+const UPSTREAMS: [&str; 3] = ["provider-a", "provider-b", "provider-c"];
+
+/// How a synthetic pool spreads over protocol x region x carrier x upstream
+/// combinations (regions are `city-000`, `city-001`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolShape {
+    /// Regions.
+    pub regions: usize,
+    /// Carriers (1..=3).
+    pub carriers: usize,
+    /// Upstreams (1..=3).
+    pub upstreams: usize,
+}
+
+impl PoolShape {
+    /// 18 combinations: 3 protocols x 3 regions x 1 carrier x 2 upstreams.
+    pub const SMALL: Self = Self {
+        regions: 3,
+        carriers: 1,
+        upstreams: 2,
+    };
+
+    /// Protocol x region x carrier x upstream combinations.
+    pub fn combinations(&self) -> usize {
+        PROTOCOLS.len() * self.regions * self.carriers * self.upstreams
+    }
+
+    /// `18`, or a multiple of 27 (a city-keyed pool: 3 protocols x n/27
+    /// cities x 3 carriers x 3 upstreams, e.g. 2700 or 10800).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let n: usize = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is not a number of combinations"))?;
+        match n {
+            18 => Ok(Self::SMALL),
+            n if n >= 27 && n % 27 == 0 && n <= 27 * 10_000 => Ok(Self {
+                regions: n / 27,
+                carriers: 3,
+                upstreams: 3,
+            }),
+            _ => Err(format!(
+                "`{s}`: combinations are 18 or a multiple of 27 (3 protocols x cities x 3 carriers x 3 upstreams)"
+            )),
+        }
+    }
+
+    fn region(&self, i: usize) -> String {
+        format!("city-{:03}", i % self.regions)
+    }
+}
+
+impl Serialize for PoolShape {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.combinations() as u64)
+    }
+}
+
+/// Which filters every request of a cell carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FilterShape {
+    /// No filters: the whole pool matches.
+    None,
+    /// One region.
+    Region,
+    /// One region and one carrier.
+    RegionCarrier,
+    /// One protocol and one upstream (`allowedUpstreams`).
+    ProtocolUpstream,
+}
+
+impl FilterShape {
+    /// Every shape, in table order.
+    pub const ALL: [Self; 4] = [
+        Self::None,
+        Self::Region,
+        Self::RegionCarrier,
+        Self::ProtocolUpstream,
+    ];
+
+    /// `none`, `region`, `region-carrier` or `protocol-upstream`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.name() == s.trim())
+            .ok_or_else(|| {
+                format!("`{s}`: filters are none, region, region-carrier, protocol-upstream")
+            })
+    }
+
+    /// The name used on the command line and in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Region => "region",
+            Self::RegionCarrier => "region-carrier",
+            Self::ProtocolUpstream => "protocol-upstream",
+        }
+    }
+
+    /// The request body of the `seq`th request: the filter values rotate
+    /// over what `pool` holds.
+    fn body(self, count: u32, seq: u64, pool: PoolShape) -> String {
+        let i = seq as usize;
+        let filters = match self {
+            Self::None => return format!("{{\"count\":{count}}}"),
+            Self::Region => format!("\"regions\":[\"{}\"]", pool.region(i.wrapping_mul(7_919))),
+            Self::RegionCarrier => format!(
+                "\"regions\":[\"{}\"],\"carriers\":[\"{}\"]",
+                pool.region(i.wrapping_mul(7_919)),
+                CARRIERS[i % pool.carriers]
+            ),
+            Self::ProtocolUpstream => format!(
+                "\"protocols\":[\"{}\"],\"allowedUpstreams\":[\"{}\"]",
+                PROTOCOLS[i % 3],
+                UPSTREAMS[i / 3 % pool.upstreams]
+            ),
+        };
+        format!("{{\"count\":{count},\"filters\":{{{filters}}}}}")
+    }
+}
 /// Proxies per `upsert` call while filling, and calls in flight.
 const FILL_CHUNK: usize = 2000;
 const FILL_IN_FLIGHT: usize = 4;
@@ -63,6 +188,10 @@ const FILL_IN_FLIGHT: usize = 4;
 pub struct Plan {
     /// Pool sizes N.
     pub sizes: Vec<usize>,
+    /// Pool shapes (serialised as their number of combinations).
+    pub combinations: Vec<PoolShape>,
+    /// Filter shapes.
+    pub filters: Vec<FilterShape>,
     /// Proxies per request.
     pub counts: Vec<u32>,
     /// Concurrent tasks C.
@@ -78,12 +207,27 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The full matrix: N in {1k, 100k, 1M}, count in {1, 10, 100}, C in {1, 8, 64}.
+    /// The shapes matrix: N = 1M; 18, 2,700 and 10,800 combinations; every
+    /// filter shape; count in {1, 10, 100}; C = 8.
     pub fn full() -> Self {
         Self {
-            sizes: vec![1_000, 100_000, 1_000_000],
+            sizes: vec![1_000_000],
+            combinations: vec![
+                PoolShape::SMALL,
+                PoolShape {
+                    regions: 100,
+                    carriers: 3,
+                    upstreams: 3,
+                },
+                PoolShape {
+                    regions: 400,
+                    carriers: 3,
+                    upstreams: 3,
+                },
+            ],
+            filters: FilterShape::ALL.to_vec(),
             counts: vec![1, 10, 100],
-            concurrency: vec![1, 8, 64],
+            concurrency: vec![8],
             seconds: 1.5,
             max_requests: 20_000,
             baseline_seconds: 1.0,
@@ -95,6 +239,8 @@ impl Plan {
     pub fn quick() -> Self {
         Self {
             sizes: vec![1_000],
+            combinations: vec![PoolShape::SMALL],
+            filters: vec![FilterShape::None],
             counts: vec![1, 10],
             concurrency: vec![1, 8],
             seconds: 0.3,
@@ -134,6 +280,10 @@ impl From<redis::RedisError> for BenchError {
 pub struct Cell {
     /// Pool size N.
     pub pool: usize,
+    /// Its shape (serialised as its number of combinations).
+    pub combinations: PoolShape,
+    /// The requests' filters.
+    pub filter: FilterShape,
     /// Pool size at the start of each round (N, or `2 * C * count` if larger).
     pub pool_at_round_start: usize,
     /// Proxies per request.
@@ -162,6 +312,8 @@ pub struct Cell {
     pub trivial_evalsha_per_sec: f64,
     /// `extractions_per_sec / trivial_evalsha_per_sec`.
     pub ratio: f64,
+    /// Redis's `usec_per_call` of the trivial script, in its own windows.
+    pub trivial_server_us_per_call: Option<f64>,
     /// Redis's `usec_per_call` of `evalsha` while extracting.
     pub server_us_per_call: Option<f64>,
     /// Redis process CPU (`INFO cpu`) per extraction, microseconds.
@@ -180,6 +332,8 @@ pub struct Cell {
 pub struct Fill {
     /// Pool size N.
     pub pool: usize,
+    /// Its shape.
+    pub combinations: PoolShape,
     /// Seconds to add N proxies.
     pub seconds: f64,
     /// Proxies added per second.
@@ -196,8 +350,6 @@ pub struct Report {
     pub redis_version: String,
     /// Online CPUs of this machine.
     pub cpus: usize,
-    /// Filter buckets in the pool (every request matches all of them).
-    pub buckets: usize,
     /// Fill times.
     pub fills: Vec<Fill>,
     /// The cells, in run order.
@@ -268,23 +420,24 @@ impl Progress {
     }
 }
 
-/// The synthetic proxy number `seq`: TEST-NET-2 addresses, one of
-/// [`BUCKETS`] buckets, expiring 15 to 45 minutes after `now_ms` in an order
-/// unrelated to `seq`, healthy as of `now_ms`.
-pub fn synthetic_proxy(seq: u64, now_ms: i64) -> NewProxy {
+/// The synthetic proxy number `seq`: TEST-NET-2 addresses, one of the
+/// `shape`'s combinations (round-robin), expiring 15 to 45 minutes after
+/// `now_ms` in an order unrelated to `seq`, healthy as of `now_ms`.
+pub fn synthetic_proxy(seq: u64, now_ms: i64, shape: PoolShape) -> NewProxy {
     let mix = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
     let expires_at = now_ms + 900_000 + (mix % 1_800_000) as i64;
-    let bucket = (seq as usize) % BUCKETS;
+    let combination = (seq as usize) % shape.combinations();
+    let regions = shape.regions;
     NewProxy {
         id: format!("bench-{seq:010}"),
-        protocol: PROTOCOLS[bucket % 3].into(),
+        protocol: PROTOCOLS[combination % 3].into(),
         host: format!("198.51.100.{}", seq % 254 + 1),
         port: 10_000 + (seq % 50_000) as u16,
         username: Some(format!("u{seq}")),
         password: Some(format!("pw-{:012x}", mix & 0xffff_ffff_ffff)),
-        region: REGIONS[bucket / 3 % 3].into(),
-        carrier: "telecom".into(),
-        upstream: UPSTREAMS[bucket / 9 % 2].into(),
+        region: shape.region(combination / 3),
+        carrier: CARRIERS[combination / (3 * regions) % shape.carriers].into(),
+        upstream: UPSTREAMS[combination / (3 * regions * shape.carriers) % shape.upstreams].into(),
         expires_at,
         usable_until: expires_at - 30_000,
         health_ok: true,
@@ -306,8 +459,10 @@ struct Bench {
     trivial: Arc<Script>,
     next_seq: AtomicU64,
     next_key: AtomicU64,
+    next_request: AtomicU64,
     progress: Progress,
     idempotency: bool,
+    shape: std::sync::Mutex<PoolShape>,
 }
 
 /// Runs `plan` against `target`.
@@ -358,41 +513,56 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         trivial: Arc::new(Script::new("return 1")),
         next_seq: AtomicU64::new(0),
         next_key: AtomicU64::new(0),
+        next_request: AtomicU64::new(0),
         progress,
         idempotency: plan.idempotency,
+        shape: std::sync::Mutex::new(PoolShape::SMALL),
     };
     let mut fills = Vec::new();
     let mut cells = Vec::new();
     for &n in &plan.sizes {
-        redis::cmd("FLUSHDB")
-            .query_async::<()>(&mut bench.conn.clone())
-            .await?;
-        bench
-            .progress
-            .start(n as u64, format!("filling a pool of {}", human(n)));
-        let started = Instant::now();
-        bench.add(n, true).await?;
-        let seconds = started.elapsed().as_secs_f64();
-        bench.progress.note(format!(
-            "filled {} proxies in {seconds:.1} s ({:.0}/s)",
-            human(n),
-            n as f64 / seconds
-        ));
-        fills.push(Fill {
-            pool: n,
-            seconds,
-            per_sec: n as f64 / seconds,
-        });
-        let total = plan.counts.len() * plan.concurrency.len();
-        bench
-            .progress
-            .start(total as u64, format!("N={}", human(n)));
-        for &count in &plan.counts {
-            for &c in &plan.concurrency {
-                let cell = bench.cell(&plan, n, count, c).await?;
-                bench.progress.note(row(&cell));
-                bench.progress.inc(1);
-                cells.push(cell);
+        for &shape in &plan.combinations {
+            redis::cmd("FLUSHDB")
+                .query_async::<()>(&mut bench.conn.clone())
+                .await?;
+            bench.set_shape(shape);
+            bench.progress.start(
+                n as u64,
+                format!(
+                    "filling a pool of {} over {} combinations",
+                    human(n),
+                    shape.combinations()
+                ),
+            );
+            let started = Instant::now();
+            bench.add(n, true).await?;
+            let seconds = started.elapsed().as_secs_f64();
+            bench.progress.note(format!(
+                "filled {} proxies over {} combinations in {seconds:.1} s ({:.0}/s)",
+                human(n),
+                shape.combinations(),
+                n as f64 / seconds
+            ));
+            fills.push(Fill {
+                pool: n,
+                combinations: shape,
+                seconds,
+                per_sec: n as f64 / seconds,
+            });
+            let total = plan.filters.len() * plan.counts.len() * plan.concurrency.len();
+            bench.progress.start(
+                total as u64,
+                format!("N={}, {} combinations", human(n), shape.combinations()),
+            );
+            for &filter in &plan.filters {
+                for &count in &plan.counts {
+                    for &c in &plan.concurrency {
+                        let cell = bench.cell(&plan, n, filter, count, c).await?;
+                        bench.progress.note(row(&cell));
+                        bench.progress.inc(1);
+                        cells.push(cell);
+                    }
+                }
             }
         }
     }
@@ -405,7 +575,6 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         plan,
         redis_version,
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        buckets: BUCKETS,
         fills,
         cells,
         peak_rss_kib: peak_rss_kib(),
@@ -430,10 +599,21 @@ struct ServerStats {
 }
 
 impl Bench {
+    fn set_shape(&self, shape: PoolShape) {
+        if let Ok(mut s) = self.shape.lock() {
+            *s = shape;
+        }
+    }
+
+    fn shape(&self) -> PoolShape {
+        self.shape.lock().map_or(PoolShape::SMALL, |s| *s)
+    }
+
     /// Adds `n` fresh synthetic proxies, several upsert calls in flight.
     async fn add(&self, n: usize, show: bool) -> Result<(), BenchError> {
         let first = self.next_seq.fetch_add(n as u64, Ordering::Relaxed);
         let now = now_ms();
+        let shape = self.shape();
         let mut tasks = JoinSet::new();
         let mut start = 0;
         while start < n || !tasks.is_empty() {
@@ -443,7 +623,7 @@ impl Bench {
                 let from = first + start as u64;
                 tasks.spawn(async move {
                     let batch: Vec<NewProxy> = (from..from + len as u64)
-                        .map(|seq| synthetic_proxy(seq, now))
+                        .map(|seq| synthetic_proxy(seq, now, shape))
                         .collect();
                     let statuses = pool.upsert(&batch).await?;
                     let added = statuses
@@ -504,8 +684,15 @@ impl Bench {
         Ok(stats)
     }
 
-    /// One (N, count, C) cell.
-    async fn cell(&self, plan: &Plan, n: usize, count: u32, c: usize) -> Result<Cell, BenchError> {
+    /// One (N, shape, filter, count, C) cell.
+    async fn cell(
+        &self,
+        plan: &Plan,
+        n: usize,
+        filter: FilterShape,
+        count: u32,
+        c: usize,
+    ) -> Result<Cell, BenchError> {
         let target = n.max(2 * c * count as usize);
         let per_round = (target / 2 / count as usize).max(c);
         let baseline = Duration::from_secs_f64(plan.baseline_seconds / 2.0);
@@ -513,9 +700,10 @@ impl Bench {
 
         // Warm-up: connections, script cache, allocator.
         self.top_up(target).await?;
-        self.round(count, c, c, Duration::from_secs(5)).await;
+        self.round(filter, count, c, c, Duration::from_secs(5))
+            .await;
 
-        let (mut trivial_calls, mut trivial_secs) = self.trivial(c, baseline).await?;
+        let mut trivial = self.trivial(c, baseline).await?;
         let mut all = Round::default();
         let mut elapsed = Duration::ZERO;
         let (mut calls, mut usec, mut redis_cpu, mut client_cpu) = (0u64, 0u64, 0.0f64, 0.0f64);
@@ -526,7 +714,7 @@ impl Bench {
             let before = self.server_stats().await?;
             let cpu_before = process_cpu_seconds();
             let started = Instant::now();
-            let round = self.round(count, c, budget, timed - elapsed).await;
+            let round = self.round(filter, count, c, budget, timed - elapsed).await;
             elapsed += started.elapsed();
             let cpu_after = process_cpu_seconds();
             let after = self.server_stats().await?;
@@ -542,19 +730,23 @@ impl Bench {
             all.short += round.short;
             all.failed += round.failed;
         }
-        let (calls2, secs2) = self.trivial(c, baseline).await?;
-        trivial_calls += calls2;
-        trivial_secs += secs2;
+        let after = self.trivial(c, baseline).await?;
+        trivial.calls += after.calls;
+        trivial.seconds += after.seconds;
+        trivial.server_calls += after.server_calls;
+        trivial.server_usec += after.server_usec;
 
         let requests = all.latencies_us.len();
         let seconds = elapsed.as_secs_f64();
         all.latencies_us.sort_unstable();
         let pct = |q: f64| percentile(&all.latencies_us, q);
         let rate = requests as f64 / seconds.max(1e-9);
-        let trivial_rate = trivial_calls as f64 / trivial_secs.max(1e-9);
+        let trivial_rate = trivial.calls as f64 / trivial.seconds.max(1e-9);
         let per_call = |total: f64| (calls > 0).then(|| total / calls as f64);
         Ok(Cell {
             pool: n,
+            combinations: self.shape(),
+            filter,
             pool_at_round_start: target,
             count,
             concurrency: c,
@@ -569,6 +761,8 @@ impl Bench {
             max_us: all.latencies_us.last().copied().unwrap_or(0),
             trivial_evalsha_per_sec: trivial_rate,
             ratio: rate / trivial_rate.max(1e-9),
+            trivial_server_us_per_call: (trivial.server_calls > 0)
+                .then(|| trivial.server_usec as f64 / trivial.server_calls as f64),
             server_us_per_call: per_call(usec as f64),
             redis_cpu_us_per_call: per_call(redis_cpu * 1e6),
             client_cpu_us_per_request: (cpu_known && requests > 0)
@@ -579,15 +773,22 @@ impl Bench {
     }
 
     /// `budget` requests through the handler from `c` tasks, or until `limit`.
-    async fn round(&self, count: u32, c: usize, budget: usize, limit: Duration) -> Round {
+    async fn round(
+        &self,
+        filter: FilterShape,
+        count: u32,
+        c: usize,
+        budget: usize,
+        limit: Duration,
+    ) -> Round {
         let remaining = Arc::new(AtomicUsize::new(budget));
         let deadline = Instant::now() + limit;
-        let body = format!("{{\"count\":{count}}}");
+        let shape = self.shape();
         let mut tasks = JoinSet::new();
         for task in 0..c {
             let app = self.app.clone();
             let remaining = remaining.clone();
-            let body = body.clone();
+            let first = self.next_request.fetch_add(1 << 32, Ordering::Relaxed);
             let keys = self
                 .idempotency
                 .then(|| self.next_key.fetch_add(1, Ordering::Relaxed));
@@ -605,8 +806,9 @@ impl Bench {
                     if let Some(base) = keys {
                         request = request.header("idempotency-key", format!("bench-{base:x}-{i}"));
                     }
+                    let body = filter.body(count, first + i, shape);
                     i += 1;
-                    let Ok(mut request) = request.body(Body::from(body.clone())) else {
+                    let Ok(mut request) = request.body(Body::from(body)) else {
                         round.failed += 1;
                         continue;
                     };
@@ -645,11 +847,13 @@ impl Bench {
         all
     }
 
-    /// Trivial `EVALSHA` calls from `c` tasks for `limit`: (calls, seconds).
-    async fn trivial(&self, c: usize, limit: Duration) -> Result<(u64, f64), BenchError> {
+    /// Trivial `EVALSHA` calls from `c` tasks for `limit`, with Redis's own
+    /// count and time of them.
+    async fn trivial(&self, c: usize, limit: Duration) -> Result<Trivial, BenchError> {
         self.trivial
             .invoke_async::<_, i64>(&mut self.conn.clone())
             .await?;
+        let before = self.server_stats().await?;
         let done = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let deadline = started + limit;
@@ -669,11 +873,23 @@ impl Bench {
         while let Some(joined) = tasks.join_next().await {
             joined.map_err(|e| BenchError::Failed(e.to_string()))??;
         }
-        Ok((
-            done.load(Ordering::Relaxed),
-            started.elapsed().as_secs_f64(),
-        ))
+        let seconds = started.elapsed().as_secs_f64();
+        let after = self.server_stats().await?;
+        Ok(Trivial {
+            calls: done.load(Ordering::Relaxed),
+            seconds,
+            server_calls: after.evalsha_calls.saturating_sub(before.evalsha_calls),
+            server_usec: after.evalsha_usec.saturating_sub(before.evalsha_usec),
+        })
     }
+}
+
+/// What a trivial-`EVALSHA` window measured.
+struct Trivial {
+    calls: u64,
+    seconds: f64,
+    server_calls: u64,
+    server_usec: u64,
 }
 
 /// `returned` of a 200 extraction body, read without parsing the whole body.
@@ -750,7 +966,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("`{s}` is not a pool size like 1000, 100k or 1M"))
 }
 
-const HEADER: &str = "       N  count    C     ext/s  proxies/s   p50 us   p99 us  p999 us  trivial/s  ratio  srv us/call  cli us/req";
+const HEADER: &str = "       N   comb  filter             count    C     ext/s  proxies/s   p50 us   p99 us  trivial/s  ratio  srv us/call  triv srv us  cli us/req";
 
 fn row(c: &Cell) -> String {
     let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
@@ -760,18 +976,20 @@ fn row(c: &Cell) -> String {
         " "
     };
     let mut line = format!(
-        "{:>7}{mark} {:>5} {:>4} {:>9.0} {:>10.0} {:>8} {:>8} {:>8} {:>10.0} {:>6.2} {:>12} {:>11}",
+        "{:>7}{mark} {:>6}  {:<17} {:>5} {:>4} {:>9.0} {:>10.0} {:>8} {:>8} {:>10.0} {:>6.2} {:>12} {:>12} {:>11}",
         human(c.pool),
+        c.combinations.combinations(),
+        c.filter.name(),
         c.count,
         c.concurrency,
         c.extractions_per_sec,
         c.proxies_per_sec,
         c.p50_us,
         c.p99_us,
-        c.p999_us,
         c.trivial_evalsha_per_sec,
         c.ratio,
         opt(c.server_us_per_call),
+        opt(c.trivial_server_us_per_call),
         opt(c.client_cpu_us_per_request),
     );
     if c.short + c.failed > 0 {
@@ -786,10 +1004,9 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "proxy-pool bench: redis {} on {} CPUs, {} buckets, every request unfiltered (all buckets), {}, rate limits off, anonymous",
+            "proxy-pool bench: redis {} on {} CPUs, {}, rate limits off, anonymous",
             self.redis_version,
             self.cpus,
-            self.buckets,
             if self.plan.idempotency {
                 "with Idempotency-Key"
             } else {
@@ -799,8 +1016,9 @@ impl Report {
         for f in &self.fills {
             let _ = writeln!(
                 out,
-                "fill N={}: {:.1} s ({:.0} proxies/s)",
+                "fill N={} over {} combinations: {:.1} s ({:.0} proxies/s)",
                 human(f.pool),
+                f.combinations.combinations(),
                 f.seconds,
                 f.per_sec
             );
@@ -815,7 +1033,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "srv us/call = Redis usec_per_call of the extraction script; cli us/req = bench CPU per request (handler + redis-rs + tokio)."
+            "srv us/call = Redis usec_per_call of the extraction script; triv srv us = the same of the trivial script; cli us/req = bench CPU per request (handler + redis-rs + tokio).\ncomb = protocol x region x carrier x upstream combinations in the pool; filter values rotate over the pool's own regions, carriers, protocols and upstreams."
         );
         if self.cells.iter().any(|c| c.pool_at_round_start > c.pool) {
             let _ = writeln!(
@@ -859,19 +1077,42 @@ mod tests {
         assert_eq!(percentile(&[], 0.5), 0);
     }
 
-    /// The synthetic pool covers every bucket and is valid for the upsert script.
+    /// A synthetic pool covers every combination of its shape.
     #[test]
-    fn synthetic_pool_spreads_over_buckets() {
-        let buckets: std::collections::BTreeSet<String> = (0..BUCKETS as u64 * 3)
-            .map(|i| {
-                let p = synthetic_proxy(i, 0);
-                format!("{}|{}|{}|{}", p.protocol, p.region, p.carrier, p.upstream)
-            })
-            .collect();
-        assert_eq!(buckets.len(), BUCKETS);
-        let p = synthetic_proxy(12345, 1_000_000);
+    fn synthetic_pool_spreads_over_its_combinations() {
+        for text in ["18", "2700", "10800"] {
+            let shape = PoolShape::parse(text).unwrap();
+            let n = shape.combinations();
+            assert_eq!(n.to_string(), text);
+            let seen: std::collections::BTreeSet<String> = (0..n as u64 * 2)
+                .map(|i| {
+                    let p = synthetic_proxy(i, 0, shape);
+                    format!("{}|{}|{}|{}", p.protocol, p.region, p.carrier, p.upstream)
+                })
+                .collect();
+            assert_eq!(seen.len(), n, "{text}");
+        }
+        let p = synthetic_proxy(12345, 1_000_000, PoolShape::SMALL);
         assert!(p.expires_at >= 1_000_000 + 900_000 && p.expires_at < 1_000_000 + 2_700_000);
         assert!(p.usable_until < p.expires_at);
+        assert!(PoolShape::parse("20").is_err());
+        assert!(PoolShape::parse("many").is_err());
+    }
+
+    /// Filter shapes parse by name and name values the pool holds.
+    #[test]
+    fn filter_shapes() {
+        let shape = PoolShape::parse("2700").unwrap();
+        for f in FilterShape::ALL {
+            assert_eq!(FilterShape::parse(f.name()), Ok(f));
+            let body: serde_json::Value = serde_json::from_str(&f.body(5, 123, shape)).unwrap();
+            assert_eq!(body["count"], 5);
+        }
+        assert_eq!(
+            FilterShape::RegionCarrier.body(1, 4, shape),
+            r#"{"count":1,"filters":{"regions":["city-076"],"carriers":["unicom"]}}"#
+        );
+        assert!(FilterShape::parse("city").is_err());
     }
 
     /// The returned count is read from the rendered body.

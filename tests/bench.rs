@@ -8,7 +8,8 @@ use tokio::process::Command;
 const BIN: &str = env!("CARGO_BIN_EXE_proxy-pool");
 
 /// A quick run fills a pool, drives the handler and the trivial-EVALSHA
-/// baseline, and reports every cell with full extractions and no failures.
+/// baseline, and reports every cell with full extractions and no failures;
+/// pool and filter shapes are cells of their own.
 #[tokio::test]
 async fn quick_bench_reports_every_cell() {
     let out = Command::new(BIN)
@@ -22,6 +23,10 @@ async fn quick_bench_reports_every_cell() {
             "1,10",
             "--concurrency",
             "1,4",
+            "--combinations",
+            "18,54",
+            "--filters",
+            "none,region-carrier",
             "--max-requests",
             "60",
             "--seconds",
@@ -36,7 +41,7 @@ async fn quick_bench_reports_every_cell() {
     assert!(out.status.success(), "{stderr}");
     let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
     let cells = report["cells"].as_array().unwrap();
-    assert_eq!(cells.len(), 4);
+    assert_eq!(cells.len(), 16);
     for cell in cells {
         assert!(cell["requests"].as_u64().unwrap() > 0, "{cell}");
         assert_eq!(cell["failed"], 0, "{cell}");
@@ -48,8 +53,18 @@ async fn quick_bench_reports_every_cell() {
         assert!(cell["trivialEvalshaPerSec"].as_f64().unwrap() > 0.0);
         assert!(cell["ratio"].as_f64().unwrap() > 0.0);
         assert!(cell["serverUsPerCall"].as_f64().unwrap() > 0.0);
+        assert!(cell["trivialServerUsPerCall"].as_f64().unwrap() > 0.0);
     }
-    assert_eq!(report["buckets"], 18);
+    let shapes: std::collections::BTreeSet<(u64, String)> = cells
+        .iter()
+        .map(|c| {
+            (
+                c["combinations"].as_u64().unwrap(),
+                c["filter"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(shapes.len(), 4, "{shapes:?}");
 }
 
 /// An existing Redis is flushed only with explicit consent.

@@ -152,13 +152,21 @@ enum Command {
         /// Allow the bench to FLUSHDB the Redis named by --redis-url.
         #[arg(long)]
         flush: bool,
-        /// Pool sizes (e.g. 1k,100k,1M).
+        /// Pool sizes (e.g. 1k,100k,1M; default 1M).
         #[arg(long, value_delimiter = ',', value_parser = proxy_pool::bench::parse_size)]
         sizes: Vec<usize>,
+        /// Pool shapes, as protocol x region x carrier x upstream
+        /// combinations: 18, or a multiple of 27 for a city-keyed pool
+        /// (default 18,2700,10800).
+        #[arg(long, value_delimiter = ',', value_parser = proxy_pool::bench::PoolShape::parse)]
+        combinations: Vec<proxy_pool::bench::PoolShape>,
+        /// Filter shapes: none, region, region-carrier, protocol-upstream (default all).
+        #[arg(long, value_delimiter = ',', value_parser = proxy_pool::bench::FilterShape::parse)]
+        filters: Vec<proxy_pool::bench::FilterShape>,
         /// Proxies per request (e.g. 1,10,100).
         #[arg(long, value_delimiter = ',')]
         counts: Vec<u32>,
-        /// Concurrent tasks (e.g. 1,8,64).
+        /// Concurrent tasks (e.g. 1,8,64; default 8).
         #[arg(long, value_delimiter = ',')]
         concurrency: Vec<usize>,
         /// Timed extraction seconds per cell (default 1.5; --quick 0.3).
@@ -174,7 +182,8 @@ enum Command {
         /// also reads and writes the idempotency record).
         #[arg(long)]
         idempotency: bool,
-        /// A smoke run: N=1k, counts 1,10, C 1,8, a few hundred requests per cell.
+        /// A smoke run: N=1k, 18 combinations, no filters, counts 1,10, C 1,8,
+        /// a few hundred requests per cell.
         #[arg(long)]
         quick: bool,
         /// Print the report as JSON instead of a table.
@@ -302,6 +311,8 @@ async fn main() -> ExitCode {
             redis_url,
             flush,
             sizes,
+            combinations,
+            filters,
             counts,
             concurrency,
             seconds,
@@ -314,6 +325,12 @@ async fn main() -> ExitCode {
             let mut plan = if quick { Plan::quick() } else { Plan::full() };
             if !sizes.is_empty() {
                 plan.sizes = sizes;
+            }
+            if !combinations.is_empty() {
+                plan.combinations = combinations;
+            }
+            if !filters.is_empty() {
+                plan.filters = filters;
             }
             if !counts.is_empty() {
                 plan.counts = counts;
