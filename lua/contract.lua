@@ -5,7 +5,7 @@
 -- Worker holds it, a claim takes it out of the index in the same call that
 -- checks it, and extraction re-checks the record it takes.
 --
--- KEYS[1..11]: the pool keys (prelude.lua)
+-- KEYS[1..12]: the pool keys (prelude.lua)
 -- ARGV[1]: operation, ARGV[2]: proxy id, then per operation:
 --   health   ARGV[3] "1" passed / "0" failed, ARGV[4] checkedAt ms ("" = now)
 --            Records a health result; one older than the recorded one is "stale".
@@ -33,9 +33,9 @@ local op, id = ARGV[1], ARGV[2]
 local now = clock()
 
 -- Reads and checks.
-local raw = redis.call('HGET', K.proxies, id)
-if not raw then return {'unknown', now, 0} end
-local rec = decode_record(raw)
+local state_raw = redis.call('HGET', K.state, id)
+if not state_raw then return {'unknown', now, 0} end
+local rec = decode_record(id, redis.call('HGET', K.proxies, id), state_raw)
 if not rec then return redis.error_reply('ERR damaged pool: unreadable record') end
 if rec.status == 'EXTRACTED' then return {'extracted', now, 0} end
 local was_indexed, old_loc = indexed(rec), locator_of(rec)
@@ -54,6 +54,7 @@ local writes = new_writes()
 if op == 'remove' then
   unindex(writes, old_loc)
   push(writes, 'hdel', K.proxies, id)
+  push(writes, 'hdel', K.state, id)
   push(writes, 'hdel', K.held, id)
   push(writes, 'zrem', K.expiry, id)
   local refused = expect_types(writes)
@@ -119,10 +120,10 @@ if rec.status == 'CLAIMED' or rec.status == 'DRAINING' then
 else
   push(writes, 'hdel', K.held, id)
 end
-push(writes, 'hset', K.proxies, id, cjson.encode(rec))
+push(writes, 'hset', K.state, id, state_json(rec))
 
 -- Keys this call may create live as long as the pool's records do.
-local at = redis.call('PEXPIRETIME', K.proxies)
+local at = redis.call('PEXPIRETIME', K.state)
 local life = lifetimes(KEYS)
 local refused = expect_types(writes)
 if refused then return refused end

@@ -1,8 +1,8 @@
 #!lua
 -- extract.lua: take up to `count` eligible proxies out of the pool, atomically.
 --
--- KEYS[1..11]: the pool keys (prelude.lua)
--- KEYS[12]: (optional) {pp}:idem:<sha256(client id, Idempotency-Key)>  STRING
+-- KEYS[1..12]: the pool keys (prelude.lua)
+-- KEYS[13]: (optional) {pp}:idem:<sha256(client id, Idempotency-Key)>  STRING
 -- ARGV[1]: count (1..1000)
 -- ARGV[2]: fulfillment, "partial" or "allOrNothing"
 -- ARGV[3]: reserveForGateway (0..)
@@ -12,17 +12,17 @@
 --          present one (even empty) restricts to its values:
 --          {"protocols":[..],"regions":[..],"carriers":[..],"upstreams":[..]}
 -- ARGV[7]: request id (copied into the committed result)
--- ARGV[8]: request digest, 64 hex chars (only with KEYS[12])
--- ARGV[9]: idempotency record lifetime, ms (only with KEYS[12])
+-- ARGV[8]: request digest, 64 hex chars (only with KEYS[13])
+-- ARGV[9]: idempotency record lifetime, ms (only with KEYS[13])
 -- ARGV[10]: "1" to rewrite a replayed record's expiry to the same instant
---          (only with KEYS[12]): a write, so a WAIT after this call also
+--          (only with KEYS[13]): a write, so a WAIT after this call also
 --          covers the record it replays (used when replica acks are on)
 -- Returns one of:
 --   {"ok", result}            committed; result is the JSON recorded for replay:
---                             {"requestId","requested","extractedAt"(ms),"proxies":[..]}
---                             with only the response's fields of each proxy
---   {"replay", result}        KEYS[12] held the same digest: nothing was extracted
---   {"conflict"}              KEYS[12] held another digest: nothing was extracted
+--                             {"requestId","requested","extractedAt"(ms),"proxies":[..]},
+--                             each proxy its details (the response's fields only)
+--   {"replay", result}        KEYS[13] held the same digest: nothing was extracted
+--   {"conflict"}              KEYS[13] held another digest: nothing was extracted
 --   {"insufficient", M, now}  allOrNothing could not be met; M = eligible - reserve,
 --                             now the Redis clock it was decided at (ms); no proxy
 --                             left the pool (due entries did leave the index)
@@ -47,9 +47,9 @@
 --   4. Walk the slices in expiry order (a k-way merge; with several slices the
 --      hints order the probes, so a small request probes about one slice),
 --      re-checking every candidate's record, until enough are found.
---   5. Fulfillment, then the writes: removals from every index set, tombstones,
---      hints, the idempotency record. Nothing before them writes; nothing
---      among them can fail.
+--   5. Fulfillment, then the writes: removals from every index set, the
+--      details deleted and the state made a tombstone, hints, the idempotency
+--      record. Nothing before them writes; nothing among them can fail.
 -- The cost is O(log N) per slice probed or counted plus the entries examined
 -- (count, plus due entries, which each leave the index once): it does not
 -- grow with the pool's size, nor with how many regions it holds.
@@ -60,8 +60,8 @@ local PURGE_BATCH = 256
 local count = tonumber(ARGV[1])
 local reserve = tonumber(ARGV[3])
 local min_ttl, max_age = tonumber(ARGV[4]), tonumber(ARGV[5])
-if not (is_int(count, 1, MAX_COUNT) and is_int(reserve, 0, 2 ^ 31) and is_int(min_ttl, 0, MAX_MS)
-        and is_int(max_age, 0, MAX_MS)) then
+if not (is_int(count, 1, MAX_COUNT) and string.find(ARGV[1], '^[1-9]%d*$')
+        and is_int(reserve, 0, MAX_U32) and is_int(min_ttl, 0, MAX_MS) and is_int(max_age, 0, MAX_MS)) then
   return redis.error_reply('ERR bad extraction arguments')
 end
 local all_or_nothing = ARGV[2] == 'allOrNothing'
@@ -71,7 +71,7 @@ if not decoded or type(filters) ~= 'table' then
 end
 local request_id, digest, idem_ttl, touch_on_replay = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 
-local now = clock()
+local now, now_text = clock()
 
 -- 1. Idempotency: a recorded result is replayed, never re-executed.
 if idem then
@@ -137,17 +137,26 @@ for _, s in ipairs(slices) do in_plan[s] = true end
 
 -- 3. Due entries: they can never be handed out again without a fresh health
 --    result or a refresh (which re-index them), so they leave the index.
+--    Each is looked up by its member in the walked family.
 local t_min = now + math.max(min_ttl, 1)   -- margin 0: usableUntil = expiresAt > now
 local t13 = pad13(t_min)
 local cutoff = now - max_age
-local due, garbage, due_count = {}, {}, 0
+local due = {}        -- member in the walked family -> {p, r, c, u, e, id}
+local due_list = {}
+local garbage = {}
 local more_due = false
-for _, spec in ipairs({{K.usable, '-inf', now}, {K.checked, '-inf', '(' .. cutoff}}) do
-  local list = redis.call('ZRANGEBYSCORE', spec[1], spec[2], spec[3], 'LIMIT', 0, PURGE_BATCH + 1)
+for _, spec in ipairs({{K.usable, now_text}, {K.checked, '(' .. cutoff}}) do
+  local list = redis.call('ZRANGEBYSCORE', spec[1], '-inf', spec[2], 'LIMIT', 0, PURGE_BATCH + 1)
   if #list > PURGE_BATCH then more_due = true end
   for _, loc in ipairs(list) do
-    if split_locator(loc) then
-      if not due[loc] then due[loc] = true; due_count = due_count + 1 end
+    local p, r, c, u, e, id = split_locator(loc)
+    if p then
+      local member, slice = member_in(family, p, r, c, u, e, id)
+      if not due[member] then
+        local entry = {p, r, c, u, e, id, member = member, slice = slice}
+        due[member] = entry
+        due_list[#due_list + 1] = entry
+      end
     else
       garbage[#garbage + 1] = {spec[1], loc}
     end
@@ -158,12 +167,14 @@ end
 -- and answers `reply`.
 local function purge_only(reply, bad)
   local writes = new_writes()
-  for loc in pairs(due) do unindex(writes, loc) end
+  for _, d in ipairs(due_list) do unindex_parts(writes, d[1], d[2], d[3], d[4], d[5], d[6]) end
   for _, g in ipairs(garbage) do push(writes, 'zrem', g[1], g[2]) end
-  for _, b in ipairs(bad or {}) do
-    if b.loc then unindex(writes, b.loc) else push(writes, 'zrem', fam_key, b.member) end
+  for _, member in ipairs(bad or {}) do
+    push(writes, 'zrem', fam_key, member)
+    local loc = locator_from(family, member)
+    if loc then unindex(writes, loc, family) end
   end
-  local refused = expect_types(writes)
+  local refused = expect_types(writes, {[K.usable] = true, [K.checked] = true})
   if refused then return refused end
   apply(writes)
   return reply
@@ -179,17 +190,15 @@ if reserve > 0 then
     local hi = family == 'pool' and '+' or ('[' .. s .. '\255')
     total = total + redis.call('ZLEXCOUNT', fam_key, '[' .. s .. t13, hi)
   end
-  for loc in pairs(due) do
-    local p, r, c, u, e, id = split_locator(loc)
-    if e >= t13 then
-      local member, slice = member_in(family, p, r, c, u, e, id)
-      if in_plan[slice] and redis.call('ZSCORE', fam_key, member) then total = total - 1 end
+  for _, d in ipairs(due_list) do
+    if d[5] >= t13 and in_plan[d.slice] and redis.call('ZSCORE', fam_key, d.member) then
+      total = total - 1
     end
   end
 end
 
 local function insufficient(available)
-  return purge_only({'insufficient', tostring(available), tostring(now)})
+  return purge_only({'insufficient', tostring(available), now_text})
 end
 local target = count
 if reserve > 0 then
@@ -199,12 +208,13 @@ if reserve > 0 then
 end
 
 -- 5. The walk: a k-way merge of the slices in expiry order. A cursor reads
---    its slice in pages from t_min; the key of a member is "<expiry>|<id>",
---    which orders members of different slices as each slice orders its own.
+--    its slice in pages from t_min. A member is its slice's prefix, then its
+--    key "<expiry, 13 digits>|<id>" (which orders members of different
+--    slices as each slice orders its own), then (but in the atom family) a
+--    tab and the rest of its locator.
 local function key_of(cur, member)
-  local rest = string.sub(member, #cur.prefix + 1)
-  local tab = string.find(rest, '\t', 1, true)
-  return tab and string.sub(rest, 1, tab - 1) or rest
+  local tab = string.find(member, '\t', cur.from_key + 14, true)
+  return string.sub(member, cur.from_key, tab and tab - 1 or -1)
 end
 
 local function fill(cur)
@@ -251,44 +261,41 @@ local function sift_down(i)
 end
 local waiting = {}
 for i, s in ipairs(slices) do waiting[i] = {slice = s, hint = hints[s] or ''} end
-table.sort(waiting, function(a, b) return a.hint < b.hint end)
+if #waiting > 1 then table.sort(waiting, function(a, b) return a.hint < b.hint end) end
 local next_wait = 1
 
 local first_page = math.min(target, math.ceil(target / math.max(#slices, 1))) + 1
 local cursors = {}
-local valid, bad = {}, {}   -- valid: {cur, member, loc, id, rec, raw}, in expiry order
+local valid, bad = {}, {}   -- valid: entries {member, key, rec, cur}, in expiry order
 local found = 0
 local exhausted = false
 
+-- The details and states of a page, fetched when its first member is examined.
 local function load_records(cur)
   local ids = {}
-  cur.locs = {}
   for i, member in ipairs(cur.members) do
-    local loc = locator_from(family, member)
-    cur.locs[i] = loc or false
-    if loc then
-      local _, _, _, _, _, id = split_locator(loc)
-      ids[#ids + 1] = id
-    end
+    ids[i] = string.sub(key_of(cur, member), 15)
   end
-  cur.records = {}
-  if #ids > 0 then
-    local raw = redis.call('HMGET', K.proxies, unpack(ids))
-    local j = 0
-    for i = 1, #cur.members do
-      if cur.locs[i] then j = j + 1; cur.records[i] = raw[j] or false end
-    end
-  end
+  cur.records = redis.call('HMGET', K.proxies, unpack(ids))
+  cur.states = redis.call('HMGET', K.state, unpack(ids))
 end
 
--- Whether the record behind an index entry may be handed out now.
-local function fit(loc, raw)
-  local rec = decode_record(raw)
-  if not (rec and rec.status ~= 'EXTRACTED' and locator_of(rec) == loc and indexed(rec)
-          and rec.usableUntil > now and rec.healthCheckedAt >= cutoff and rec.expiresAt >= t_min) then
+-- The proxy behind an index entry, if it may be handed out now: its details
+-- sound and exactly the entry the index says (the member rebuilt from them),
+-- its state allocatable, healthy within the age and before its margin.
+-- Returns its details and state.
+local function fit(member, key, details_raw, state_raw)
+  local d, st = decode_table(details_raw), decode_table(state_raw)
+  if not (d and st and sound_details(d) and sound_state(st) and indexed(st)
+          and st.usableUntil > now and st.healthCheckedAt >= cutoff) then
     return nil
   end
-  return rec
+  local e = string.sub(key, 1, 13)
+  if tonumber(e) ~= d.expiresAt or string.sub(key, 15) ~= d.id
+     or member_in(family, d.protocol, d.region, d.carrier, d.upstream, e, d.id) ~= member then
+    return nil
+  end
+  return d, st
 end
 
 while found < target do
@@ -296,7 +303,8 @@ while found < target do
   local w = waiting[next_wait]
   if w and (top == nil or w.hint <= top.key) then
     next_wait = next_wait + 1
-    local cur = {slice = w.slice, prefix = w.slice, page = first_page, examined = {}, hint = hints[w.slice]}
+    local cur = {slice = w.slice, prefix = w.slice, from_key = #w.slice + 1, page = first_page,
+                 examined = {}, hint = hints[w.slice]}
     cursors[#cursors + 1] = cur
     if fill(cur) then heap[#heap + 1] = cur; sift_up(#heap) end
   elseif top == nil then
@@ -305,21 +313,19 @@ while found < target do
   else
     local cur = top
     if not cur.records then load_records(cur) end
-    local member, loc = cur.members[cur.pos], cur.locs[cur.pos]
-    local entry = {cur = cur, member = member, loc = loc or nil}
+    local member = cur.members[cur.pos]
+    local entry = {member = member, key = cur.key, cur = cur}
     cur.examined[#cur.examined + 1] = entry
-    if not loc then
-      bad[#bad + 1] = entry                -- not a member this index writes
-    elseif due[loc] then
+    if due[member] then
       entry.fate = 'due'
     else
-      local rec = fit(loc, cur.records[cur.pos])
-      if rec then
-        entry.rec, entry.id = rec, rec.id
+      local d, st = fit(member, cur.key, cur.records[cur.pos], cur.states[cur.pos])
+      if d then
+        entry.rec, entry.state, entry.raw = d, st, cur.records[cur.pos]
         valid[#valid + 1] = entry
         found = found + 1
       else
-        bad[#bad + 1] = entry              -- dangling, malformed or stale: repair first
+        bad[#bad + 1] = member             -- dangling, malformed or stale: repair first
       end
     end
     cur.pos = cur.pos + 1
@@ -353,7 +359,7 @@ if all_or_nothing and take < count then return insufficient(available) end
 --    removed goes in one ZREMRANGEBYLEX; the rest member by member.
 local writes = new_writes()
 local ranges = {}
-local ranged = {}   -- locators whose member in the walked family is removed by a range
+local ranged = {}   -- members of the walked family removed by a range
 for i = 1, take do valid[i].fate = 'take' end
 for _, cur in ipairs(cursors) do
   local run = 0
@@ -362,58 +368,57 @@ for _, cur in ipairs(cursors) do
   end
   if run > 0 then
     ranges[#ranges + 1] = {'[' .. cur.examined[1].member, '[' .. cur.examined[run].member}
-    for i = 1, run do ranged[cur.examined[i].loc] = true end
+    for i = 1, run do ranged[cur.examined[i].member] = true end
   end
 end
-local function unindex_entry(loc)
-  if not ranged[loc] then return unindex(writes, loc) end
-  local p, r, c, u, e, id = split_locator(loc)
-  for _, f in ipairs(FAMILIES) do
-    if f ~= family then push(writes, 'zrem', K[f], (member_in(f, p, r, c, u, e, id))) end
-  end
-  push(writes, 'zrem', K.usable, loc)
-  push(writes, 'zrem', K.checked, loc)
+for _, d in ipairs(due_list) do
+  unindex_parts(writes, d[1], d[2], d[3], d[4], d[5], d[6], ranged[d.member] and family or nil)
 end
-for loc in pairs(due) do unindex_entry(loc) end
 for _, g in ipairs(garbage) do push(writes, 'zrem', g[1], g[2]) end
 local records = {}
 for i = 1, take do
   local e = valid[i]
-  unindex_entry(e.loc)
-  push(writes, 'hset', K.proxies, e.id, tombstone_json(e.rec))
-  records[i] = public_json(e.rec)
+  local d = e.rec
+  local exp = string.sub(e.key, 1, 13)
+  unindex_parts(writes, d.protocol, d.region, d.carrier, d.upstream, exp, d.id,
+                ranged[e.member] and family or nil, e.state.usableUntil < d.expiresAt)
+  push(writes, 'hdel', K.proxies, d.id)
+  push(writes, 'hset', K.state, d.id, tombstone_json(exp))
+  records[i] = e.raw
 end
 
 -- New hints: each probed slice's first entry left behind, or "~" when it ran dry.
-local hint_writes = {}
+local hint_fields = 0
 if hinted then
   for _, cur in ipairs(cursors) do
     local h
     for _, e in ipairs(cur.examined) do
-      if e.fate ~= 'take' and e.fate ~= 'due' then h = key_of(cur, e.member); break end
+      if e.fate ~= 'take' and e.fate ~= 'due' then h = e.key; break end
     end
     if not h then
       if cur.done then h = '~'
-      elseif cur.members and cur.members[cur.pos] then h = key_of(cur, cur.members[cur.pos])
-      elseif cur.examined[#cur.examined] then h = key_of(cur, cur.examined[#cur.examined].member)
+      elseif cur.members and cur.members[cur.pos] then h = cur.key
+      elseif cur.examined[#cur.examined] then h = cur.examined[#cur.examined].key
       end
     end
     if h and h ~= cur.hint then
-      hint_writes[#hint_writes + 1] = family .. ':' .. cur.slice
-      hint_writes[#hint_writes + 1] = h
+      push(writes, 'hset', K.hint, family .. ':' .. cur.slice, h)
+      hint_fields = hint_fields + 1
     end
   end
 end
 local hint_life
-if #hint_writes > 0 then
-  push(writes, 'hset', K.hint, unpack(hint_writes))
-  if redis.call('EXISTS', K.hint) == 0 then hint_life = redis.call('PEXPIRETIME', K.pool) end
+if hint_fields > 0 and redis.call('EXISTS', K.hint) == 0 then
+  hint_life = redis.call('PEXPIRETIME', K.pool)
 end
 
-local result = '{"requestId":' .. cjson.encode(request_id) .. ',"requested":' .. count ..
-  ',"extractedAt":' .. now .. ',"proxies":[' .. table.concat(records, ',') .. ']}'
+local result = '{"requestId":' .. cjson.encode(request_id) .. ',"requested":' .. ARGV[1] ..
+  ',"extractedAt":' .. now_text .. ',"proxies":[' .. table.concat(records, ',') .. ']}'
 
-local refused = expect_types(writes, {[K.proxies] = 'hash'})
+local known = {[fam_key] = #cursors > 0 or nil, [K.usable] = true, [K.checked] = true,
+               [K.proxies] = found > 0 or nil, [K.state] = found > 0 or nil,
+               [K.hint] = (hinted and #slices > 1) or nil}
+local refused = expect_types(writes, known)
 if refused then return refused end
 for _, range in ipairs(ranges) do redis.call('ZREMRANGEBYLEX', fam_key, range[1], range[2]) end
 apply(writes)

@@ -2,7 +2,7 @@
 -- inventory.lua: how many proxies each combination could hand out now, a
 -- page of combinations per call.
 --
--- KEYS[1..11]: the pool keys (prelude.lua)
+-- KEYS[1..12]: the pool keys (prelude.lua)
 -- ARGV[1]: minRemainingTTL, ms
 -- ARGV[2]: cursor: "" to start, else the cursor the previous page returned
 -- ARGV[3]: page size, combinations (1..1000)

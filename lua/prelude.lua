@@ -3,16 +3,21 @@
 -- so every script names the keys, reads the clock, judges records and
 -- writes the index the same way.
 --
--- Every pool script takes the same eleven keys first (KEYS[1..11], below),
+-- Every pool script takes the same twelve keys first (KEYS[1..12], below),
 -- then its own extra keys. All share the hash tag {pp}: one cluster slot.
 --
--- Records, {pp}:proxies id -> JSON:
---   live       {id, protocol, host, port, username?, password?, region,
---               carrier, upstream, expiresAt, usableUntil, healthOk,
---               healthCheckedAt, status, owner?, epoch, active, reserved}
---              (times in Unix ms; status AVAILABLE, CLAIMED, DRAINING, DRAINED)
---   tombstone  {id, status: "EXTRACTED", expiresAt}: handed to a client; it
---              stays until its expiry so the proxy can never come back.
+-- A proxy is two values under its id (times in Unix ms):
+--   {pp}:proxies  its details, exactly the response's fields:
+--                 {id, protocol, host, port, username?, password?, region,
+--                 carrier, upstream, expiresAt}; deleted the moment the
+--                 proxy is handed out, so no address or credential outlives
+--                 its extraction in Redis
+--   {pp}:state    the pool's view of it: {usableUntil, healthOk,
+--                 healthCheckedAt, status, owner?, epoch, active, reserved}
+--                 (status AVAILABLE, CLAIMED, DRAINING, DRAINED), or once
+--                 extracted the tombstone {status: "EXTRACTED", expiresAt},
+--                 kept until its expiry so the proxy can never come back.
+-- Scripts that need both see one merged record (decode_record).
 --
 -- The index holds every live record that is allocatable (AVAILABLE with no
 -- owner, or DRAINED with Active = Reserved = 0) and whose last health check
@@ -32,23 +37,22 @@
 -- whose due entries it removes before it counts.
 
 local K = {
-  proxies = KEYS[1],  -- HASH id -> record JSON or tombstone
-  expiry = KEYS[2],   -- ZSET id -> expiresAt ms: every record and tombstone, for pruning
-  held = KEYS[3],     -- HASH id -> Worker id, while CLAIMED or DRAINING
-  pool = KEYS[4],     -- ZSET (lex)
-  region = KEYS[5],   -- ZSET (lex)
-  kind = KEYS[6],     -- ZSET (lex)
-  atom = KEYS[7],     -- ZSET (lex)
-  usable = KEYS[8],   -- ZSET usableUntil -> locator
-  checked = KEYS[9],  -- ZSET healthCheckedAt -> locator
-  hint = KEYS[10],    -- HASH "<family>:<slice>" -> lower bound "<expiry>|<id>" of the
+  proxies = KEYS[1],  -- HASH id -> details JSON
+  state = KEYS[2],    -- HASH id -> state JSON or tombstone
+  expiry = KEYS[3],   -- ZSET id -> expiresAt ms: every proxy and tombstone, for pruning
+  held = KEYS[4],     -- HASH id -> Worker id, while CLAIMED or DRAINING
+  pool = KEYS[5],     -- ZSET (lex)
+  region = KEYS[6],   -- ZSET (lex)
+  kind = KEYS[7],     -- ZSET (lex)
+  atom = KEYS[8],     -- ZSET (lex)
+  usable = KEYS[9],   -- ZSET usableUntil -> locator
+  checked = KEYS[10], -- ZSET healthCheckedAt -> locator
+  hint = KEYS[11],    -- HASH "<family>:<slice>" -> lower bound "<expiry>|<id>" of the
                       --   slice's first entry ("~": empty); orders the probes of a
                       --   many-slice extraction, never decides what it may take
-  kinds = KEYS[11],   -- HASH "<p>|<c>|<u>" -> "1": every kind ever indexed (grows only)
+  kinds = KEYS[12],   -- HASH "<p>|<c>|<u>" -> "1": every kind ever indexed (grows only)
 }
-local POOL_KEY_COUNT = 11
--- The sorted sets an index entry lives in.
-local INDEX_SETS = {K.pool, K.region, K.kind, K.atom, K.usable, K.checked}
+local POOL_KEY_COUNT = 12
 local FAMILIES = {'pool', 'region', 'kind', 'atom'}
 
 -- Largest `count` an extraction may ask for, and the most arguments any one
@@ -56,11 +60,17 @@ local FAMILIES = {'pool', 'region', 'kind', 'atom'}
 local MAX_COUNT = 1000
 local CHUNK = 1000
 local MAX_MS = 9999999999999
+local MAX_EPOCH = 9007199254740992   -- 2^53
+local MAX_U32 = 4294967296
 
--- The one clock: Redis TIME, in ms.
+-- The one clock: Redis TIME, in ms, as a number and as its decimal string
+-- (built from TIME's own strings: a number-to-string conversion is one of
+-- the costlier things a script does).
 local function clock()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local ms = string.sub('00000' .. t[2], -6, -4)
+  local text = t[1] .. ms
+  return tonumber(text), text
 end
 
 local function pad13(ms)
@@ -103,26 +113,67 @@ local function well_formed(rec)
     and rec.usableUntil <= rec.expiresAt
     and type(rec.healthOk) == 'boolean' and is_int(rec.healthCheckedAt, -MAX_MS, MAX_MS)
     and STATUS[rec.status] == true and (absent(rec.owner) or type(rec.owner) == 'string')
-    and is_int(rec.epoch, 0, 2 ^ 53) and is_int(rec.active, 0, 2 ^ 32) and is_int(rec.reserved, 0, 2 ^ 32)
+    and is_int(rec.epoch, 0, MAX_EPOCH) and is_int(rec.active, 0, MAX_U32)
+    and is_int(rec.reserved, 0, MAX_U32)
 end
 
-local function is_tombstone(rec)
-  return type(rec) == 'table' and rec.status == 'EXTRACTED' and is_int(rec.expiresAt, 0, MAX_MS)
-end
+-- The fields the details hold.
+local DETAIL_FIELDS = {id = true, protocol = true, host = true, port = true, username = true,
+                       password = true, region = true, carrier = true, upstream = true,
+                       expiresAt = true}
 
--- Decodes a stored value: a well-formed live record, a tombstone, or nil.
-local function decode_record(raw)
-  if not raw then return nil end
-  local ok, rec = pcall(cjson.decode, raw)
-  if not ok then return nil end
-  if is_tombstone(rec) then return rec end
-  if well_formed(rec) then
-    if rec.owner == cjson.null then rec.owner = nil end
-    if rec.username == cjson.null then rec.username = nil end
-    if rec.password == cjson.null then rec.password = nil end
-    return rec
+-- The cheap checks extraction makes of a proxy it is about to hand out
+-- (upsert.lua validated it in full when it was written): the details are
+-- the response's fields, each of the type the response needs, and nothing
+-- else; the state has what the rules read.
+local function sound_details(d)
+  if not (type(d.id) == 'string' and type(d.protocol) == 'string'
+          and type(d.host) == 'string' and #d.host > 0
+          and type(d.port) == 'number' and d.port % 1 == 0 and d.port >= 1 and d.port <= 65535
+          and (d.username == nil or type(d.username) == 'string')
+          and (d.password == nil or type(d.password) == 'string')
+          and type(d.region) == 'string' and type(d.carrier) == 'string'
+          and type(d.upstream) == 'string' and type(d.expiresAt) == 'number') then
+    return false
   end
+  for field in pairs(d) do
+    if not DETAIL_FIELDS[field] then return false end
+  end
+  return true
+end
+
+local function sound_state(st)
+  return type(st.usableUntil) == 'number' and type(st.healthCheckedAt) == 'number'
+    and type(st.status) == 'string' and (st.owner == nil or type(st.owner) == 'string')
+end
+
+local function decode_table(raw)
+  if not raw then return nil end
+  local ok, value = pcall(cjson.decode, raw)
+  if ok and type(value) == 'table' then return value end
   return nil
+end
+
+-- One proxy as every script but extraction sees it: its two values merged
+-- into one record (well-formed, or nil), or a tombstone {id, status, expiresAt}.
+local function decode_record(id, details_raw, state_raw)
+  local st = decode_table(state_raw)
+  if not st then return nil end
+  if st.status == 'EXTRACTED' then
+    if is_int(st.expiresAt, 0, MAX_MS) then return {id = id, status = 'EXTRACTED', expiresAt = st.expiresAt} end
+    return nil
+  end
+  local d = decode_table(details_raw)
+  if not d then return nil end
+  for field, value in pairs(d) do
+    if not DETAIL_FIELDS[field] then return nil end
+    st[field] = value
+  end
+  if st.owner == cjson.null then st.owner = nil end
+  if st.username == cjson.null then st.username = nil end
+  if st.password == cjson.null then st.password = nil end
+  if not well_formed(st) or st.id ~= id then return nil end
+  return st
 end
 
 -- Rule 2: no Worker owner, or drained with nothing active or reserved.
@@ -138,8 +189,8 @@ local function indexed(rec)
   return rec ~= nil and rec.status ~= 'EXTRACTED' and rec.healthOk == true and allocatable(rec)
 end
 
--- What a client receives: the response's fields, nothing of the pool's state.
-local function public_json(rec)
+-- The two values of a live record.
+local function details_json(rec)
   return cjson.encode({
     id = rec.id, protocol = rec.protocol, host = rec.host, port = rec.port,
     username = rec.username, password = rec.password, region = rec.region,
@@ -147,8 +198,18 @@ local function public_json(rec)
   })
 end
 
-local function tombstone_json(rec)
-  return cjson.encode({id = rec.id, status = 'EXTRACTED', expiresAt = rec.expiresAt})
+local function state_json(rec)
+  return cjson.encode({
+    usableUntil = rec.usableUntil, healthOk = rec.healthOk, healthCheckedAt = rec.healthCheckedAt,
+    status = rec.status, owner = rec.owner, epoch = rec.epoch, active = rec.active,
+    reserved = rec.reserved,
+  })
+end
+
+-- `e` the expiry as 13 digits (no leading zero after 2001-09-09).
+local function tombstone_json(e)
+  if string.byte(e) == 48 then e = tostring(tonumber(e)) end
+  return '{"status":"EXTRACTED","expiresAt":' .. e .. '}'
 end
 
 -- Locators.
@@ -196,31 +257,47 @@ local function locator_from(family, member)
 end
 
 -- Writes, collected while reading and applied at the end in chunks, so a
--- script finishes every read and check before its first write.
+-- script finishes every read and check before its first write. Removals
+-- go first, then additions, each key in the order first touched.
+local PHASE = {zrem = 1, hdel = 2, zadd = 3, hset = 4}
+local COMMAND = {'ZREM', 'HDEL', 'ZADD', 'HSET'}
+local STEP = {1, 1, 2, 2}
+local TYPE_OF = {'zset', 'hash', 'zset', 'hash'}
+
 local function new_writes()
-  return {zrem = {}, zadd = {}, hset = {}, hdel = {}, order = {}}
+  return {lists = {{}, {}, {}, {}}, keys = {{}, {}, {}, {}}}
 end
 
-local function push(writes, op, key, ...)
-  local lists = writes[op]
+-- Adds one argument (or a pair: score and member, field and value) of `op` on `key`.
+local function push(writes, op, key, a, b)
+  local phase = PHASE[op]
+  local lists = writes.lists[phase]
   local list = lists[key]
   if not list then
     list = {}
     lists[key] = list
-    writes.order[#writes.order + 1] = {op, key}
+    local keys = writes.keys[phase]
+    keys[#keys + 1] = key
   end
-  for i = 1, select('#', ...) do list[#list + 1] = select(i, ...) end
+  list[#list + 1] = a
+  if b ~= nil then list[#list + 1] = b end
 end
 
--- Takes `loc` out of every index set (removing an absent member is a no-op).
-local function unindex(writes, loc)
-  local p, r, c, u, e, id = split_locator(loc)
-  if not p then return end
+-- Takes an entry out of every index set (removing an absent member is a
+-- no-op). `skip` names a family whose member the caller removes itself;
+-- `margin` false says the entry is known not to be in `usable`.
+local function unindex_parts(writes, p, r, c, u, e, id, skip, margin)
   for _, family in ipairs(FAMILIES) do
-    push(writes, 'zrem', K[family], (member_in(family, p, r, c, u, e, id)))
+    if family ~= skip then push(writes, 'zrem', K[family], (member_in(family, p, r, c, u, e, id))) end
   end
-  push(writes, 'zrem', K.usable, loc)
+  local loc = p .. '|' .. r .. '|' .. c .. '|' .. u .. '|' .. e .. '|' .. id
+  if margin ~= false then push(writes, 'zrem', K.usable, loc) end
   push(writes, 'zrem', K.checked, loc)
+end
+
+local function unindex(writes, loc, skip)
+  local p, r, c, u, e, id = split_locator(loc)
+  if p then unindex_parts(writes, p, r, c, u, e, id, skip) end
 end
 
 -- Puts a live, indexed record into every index set.
@@ -228,7 +305,7 @@ local function index(writes, rec)
   local loc = locator_of(rec)
   local p, r, c, u, e, id = split_locator(loc)
   for _, family in ipairs(FAMILIES) do
-    push(writes, 'zadd', K[family], 0, (member_in(family, p, r, c, u, e, id)))
+    push(writes, 'zadd', K[family], '0', (member_in(family, p, r, c, u, e, id)))
   end
   if rec.usableUntil < rec.expiresAt then
     push(writes, 'zadd', K.usable, rec.usableUntil, loc)
@@ -237,35 +314,29 @@ local function index(writes, rec)
   push(writes, 'hset', K.kinds, p .. '|' .. c .. '|' .. u, '1')
 end
 
-local STEP = {zrem = 1, zadd = 2, hset = 2, hdel = 1}
-local COMMAND = {zrem = 'ZREM', zadd = 'ZADD', hset = 'HSET', hdel = 'HDEL'}
-local PHASE = {zrem = 1, hdel = 2, zadd = 3, hset = 4}
-
--- Every removal, then every addition, each key in the order first touched.
--- Nothing here can fail once the key types are known (see expect_types).
+-- Applies the writes. Nothing here can fail once the key types are known
+-- (expect_types) and every argument list is chunked.
 local function apply(writes)
-  local order = {}
-  for i, w in ipairs(writes.order) do order[i] = {PHASE[w[1]], i, w[1], w[2]} end
-  table.sort(order, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
-  for _, w in ipairs(order) do
-    local op, key = w[3], w[4]
-    local args = writes[op][key]
-    local chunk = CHUNK - CHUNK % STEP[op]
-    for i = 1, #args, chunk do
-      redis.call(COMMAND[op], key, unpack(args, i, math.min(i + chunk - 1, #args)))
+  for phase = 1, 4 do
+    local chunk = CHUNK - CHUNK % STEP[phase]
+    for _, key in ipairs(writes.keys[phase]) do
+      local args = writes.lists[phase][key]
+      for i = 1, #args, chunk do
+        redis.call(COMMAND[phase], key, unpack(args, i, math.min(i + chunk - 1, #args)))
+      end
     end
   end
 end
 
-local TYPE_OF = {zrem = 'zset', zadd = 'zset', hset = 'hash', hdel = 'hash'}
-
 -- Refuses to write into a key of the wrong type: checked before the first
 -- write, since a failed command half way through the writes is what no
--- script may ever do.
-local function expect_types(writes, extra)
+-- script may ever do. `known` lists keys a typed read already proved.
+local function expect_types(writes, known)
   local want = {}
-  for _, w in ipairs(writes.order) do want[w[2]] = TYPE_OF[w[1]] end
-  for key, kind in pairs(extra or {}) do want[key] = kind end
+  for phase = 1, 4 do
+    for _, key in ipairs(writes.keys[phase]) do want[key] = TYPE_OF[phase] end
+  end
+  for key in pairs(known or {}) do want[key] = nil end
   for key, kind in pairs(want) do
     local actual = redis.call('TYPE', key)['ok']
     if actual ~= 'none' and actual ~= kind then

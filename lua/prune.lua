@@ -1,7 +1,7 @@
 #!lua
 -- prune.lua: remove what can never be handed out again, one bounded batch per call.
 --
--- KEYS[1..11]: the pool keys (prelude.lua)
+-- KEYS[1..12]: the pool keys (prelude.lua)
 -- ARGV[1]: batch, the most entries each sweep below examines (1..1000)
 -- ARGV[2]: maxHealthCheckAge, ms: index entries whose last health check is
 --          older are due (they come back with a fresh result)
@@ -45,14 +45,16 @@ end
 local due = redis.call('ZRANGEBYSCORE', K.expiry, '-inf', now, 'LIMIT', 0, batch)
 if #due == batch then more = 1 end
 if #due > 0 then
-  local raw = redis.call('HMGET', K.proxies, unpack(due))
+  local details = redis.call('HMGET', K.proxies, unpack(due))
+  local states = redis.call('HMGET', K.state, unpack(due))
   for i, id in ipairs(due) do
-    local rec = decode_record(raw[i])
+    local rec = decode_record(id, details[i], states[i])
     if rec and rec.expiresAt > now then
       push(writes, 'zadd', K.expiry, rec.expiresAt, id)
     else
       if rec and rec.status ~= 'EXTRACTED' and indexed(rec) then drop(locator_of(rec)) end
       push(writes, 'hdel', K.proxies, id)
+      push(writes, 'hdel', K.state, id)
       push(writes, 'hdel', K.held, id)
       push(writes, 'zrem', K.expiry, id)
       records = records + 1

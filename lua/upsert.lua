@@ -1,7 +1,7 @@
 #!lua
 -- upsert.lua: add proxies to the pool or refresh ones it already holds.
 --
--- KEYS[1..11]: the pool keys (prelude.lua)
+-- KEYS[1..12]: the pool keys (prelude.lua)
 -- ARGV[i]: one proxy per argument, JSON: {id, protocol, host, port, username?,
 --          password?, region, carrier, upstream, expiresAt, usableUntil,
 --          healthOk, healthCheckedAt} (times in ms)
@@ -33,10 +33,11 @@ end
 -- What the pool holds now; a damaged value counts as nothing (it is replaced).
 local stored = {}
 for i = 1, #ids, CHUNK do
-  local raw = redis.call('HMGET', K.proxies, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
-  for j = 1, #raw do
-    local id = ids[i + j - 1]
-    if stored[id] == nil then stored[id] = decode_record(raw[j]) or false end
+  local part = {unpack(ids, i, math.min(i + CHUNK - 1, #ids))}
+  local details = redis.call('HMGET', K.proxies, unpack(part))
+  local states = redis.call('HMGET', K.state, unpack(part))
+  for j, id in ipairs(part) do
+    if stored[id] == nil then stored[id] = decode_record(id, details[j], states[j]) or false end
   end
 end
 
@@ -89,7 +90,8 @@ for id, before in pairs(first) do
   elseif old_loc then
     unindex(writes, old_loc)
   end
-  push(writes, 'hset', K.proxies, id, cjson.encode(after))
+  push(writes, 'hset', K.proxies, id, details_json(after))
+  push(writes, 'hset', K.state, id, state_json(after))
   push(writes, 'zadd', K.expiry, after.expiresAt, id)
 end
 

@@ -75,7 +75,7 @@ async fn ready(app: &App) -> Reply {
 
 async fn record_status(conn: &mut MultiplexedConnection, id: &str) -> Option<String> {
     let raw: Option<String> = redis::cmd("HGET")
-        .arg(keys::PROXIES)
+        .arg(keys::STATE)
         .arg(id)
         .query_async(conn)
         .await
@@ -203,7 +203,7 @@ async fn works_on_a_redis_cluster() {
             holders += 1;
             assert!(keys.iter().all(|k| k.starts_with("{pp}:")), "{keys:?}");
             assert!(keys.iter().any(|k| k.starts_with("{pp}:rl:client:")));
-            assert!(keys.iter().any(|k| k == keys::PROXIES));
+            assert!(keys.iter().any(|k| k == keys::STATE));
         }
     }
     assert_eq!(holders, 1, "the pool is spread over several nodes");

@@ -136,7 +136,8 @@ async fn recovered(pool: &RedisPool) -> Duration {
     started.elapsed()
 }
 
-/// The given proxies are out of the allocatable index and tombstoned.
+/// The given proxies are out of the allocatable index, tombstoned, and
+/// their details (address, credentials) gone from Redis.
 async fn assert_removed(conn: &mut MultiplexedConnection, ids: &[String]) {
     let index: Vec<String> = redis::cmd("ZRANGE")
         .arg(keys::IX_ATOM)
@@ -148,11 +149,21 @@ async fn assert_removed(conn: &mut MultiplexedConnection, ids: &[String]) {
     let indexed: HashSet<&str> = index.iter().filter_map(|m| m.rsplit('|').next()).collect();
     for chunk in ids.chunks(500) {
         let records: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(keys::STATE)
+            .arg(chunk)
+            .query_async(conn)
+            .await
+            .unwrap();
+        let details: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(keys::PROXIES)
             .arg(chunk)
             .query_async(conn)
             .await
             .unwrap();
+        assert!(
+            details.iter().all(Option::is_none),
+            "details left after extraction"
+        );
         for (id, record) in chunk.iter().zip(records) {
             assert!(
                 !indexed.contains(id.as_str()),
@@ -304,7 +315,7 @@ async fn invariants_hold_under_redis_faults() {
     let ids: Vec<String> = ledger.owner.keys().cloned().collect();
     let live: Vec<String> = {
         let present: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(keys::PROXIES)
+            .arg(keys::STATE)
             .arg(&ids)
             .query_async(&mut conn)
             .await

@@ -67,9 +67,9 @@ async fn prune_removes_only_what_has_expired() {
     };
     plant_in(&h, "ghost", "shanghai", now - 2_000, ghost).await;
     let mut conn = h.redis().await;
-    let tombstone = json!({"id": "tomb", "status": "EXTRACTED", "expiresAt": now - 1_000});
+    let tombstone = json!({"status": "EXTRACTED", "expiresAt": now - 1_000});
     let _: () = redis::pipe()
-        .hset(keys::PROXIES, "tomb", tombstone.to_string())
+        .hset(keys::STATE, "tomb", tombstone.to_string())
         .ignore()
         .zadd(keys::EXPIRY, "tomb", now - 1_000)
         .ignore()
@@ -89,7 +89,8 @@ async fn prune_removes_only_what_has_expired() {
     assert!(report.complete);
     assert_eq!(report.batches, 1);
 
-    let records = hgetall(&h, keys::PROXIES).await;
+    let records = hgetall(&h, keys::STATE).await;
+    assert_eq!(hgetall(&h, keys::PROXIES).await.len(), records.len());
     let mut ids: Vec<&str> = records.keys().map(String::as_str).collect();
     ids.sort();
     assert_eq!(
@@ -105,7 +106,8 @@ async fn prune_removes_only_what_has_expired() {
     let expiry = zrange(&h, keys::EXPIRY).await;
     assert_eq!(expiry.len(), 5);
     assert!(expiry.iter().all(|(_, at)| *at > now as f64));
-    let refreshed: Value = serde_json::from_str(&records["refreshed"]).unwrap();
+    let refreshed: Value =
+        serde_json::from_str(&hgetall(&h, keys::PROXIES).await["refreshed"]).unwrap();
     let score = expiry.iter().find(|(id, _)| id == "refreshed").unwrap().1;
     assert_eq!(score as i64, refreshed["expiresAt"].as_i64().unwrap());
     let state = h.pool.state().await.unwrap();

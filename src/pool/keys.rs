@@ -6,9 +6,13 @@ use sha2::{Digest, Sha256};
 /// The hash tag every pool key starts with.
 pub const HASH_TAG: &str = "{pp}";
 
-/// `HASH` proxy id -> record (JSON), or a credential-free tombstone once extracted.
+/// `HASH` proxy id -> details (JSON): exactly the fields an extraction
+/// returns; deleted when the proxy is handed out.
 pub const PROXIES: &str = "{pp}:proxies";
-/// `ZSET` proxy id -> expiresAt ms: every record and tombstone, for pruning.
+/// `HASH` proxy id -> state (JSON): health, margin, ownership; a tombstone
+/// (`{"status":"EXTRACTED","expiresAt":…}`) once extracted.
+pub const STATE: &str = "{pp}:state";
+/// `ZSET` proxy id -> expiresAt ms: every proxy and tombstone, for pruning.
 pub const EXPIRY: &str = "{pp}:expiry";
 /// `HASH` proxy id -> Worker id, for proxies CLAIMED or DRAINING.
 pub const HELD: &str = "{pp}:held";
@@ -32,9 +36,9 @@ pub const IX_HINT: &str = "{pp}:ix:hint";
 pub const IX_KINDS: &str = "{pp}:ix:kinds";
 
 /// The keys every pool script takes first, in the order `lua/prelude.lua` names them.
-pub const POOL: [&str; 11] = [
-    PROXIES, EXPIRY, HELD, IX_POOL, IX_REGION, IX_KIND, IX_ATOM, IX_USABLE, IX_CHECKED, IX_HINT,
-    IX_KINDS,
+pub const POOL: [&str; 12] = [
+    PROXIES, STATE, EXPIRY, HELD, IX_POOL, IX_REGION, IX_KIND, IX_ATOM, IX_USABLE, IX_CHECKED,
+    IX_HINT, IX_KINDS,
 ];
 
 /// `STRING`: the global rate limit's theoretical arrival time (GCRA, ms).

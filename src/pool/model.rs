@@ -19,7 +19,8 @@ use crate::extraction::{CommittedExtraction, Fulfillment, PooledProxy};
 /// Everything the pool holds, in a comparable form.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PoolState {
-    /// `{pp}:proxies`: id -> record or tombstone, as JSON.
+    /// Every proxy by id: its details and state merged into one JSON object,
+    /// or its tombstone `{"id","status":"EXTRACTED","expiresAt"}`.
     pub records: BTreeMap<String, Value>,
     /// The index: the locators `"<p>|<r>|<c>|<u>|<expiry, 13 digits>|<id>"`
     /// of every indexed proxy (in Redis, read from all six index sets, which
@@ -39,8 +40,12 @@ impl RedisPool {
     /// those with a safety margin, at their `usableUntil`.
     pub async fn state(&self) -> Result<PoolState, PoolError> {
         let mut conn = self.connection();
-        let raw: BTreeMap<String, String> = redis::cmd("HGETALL")
+        let details: BTreeMap<String, String> = redis::cmd("HGETALL")
             .arg(keys::PROXIES)
+            .query_async(&mut conn)
+            .await?;
+        let states: BTreeMap<String, String> = redis::cmd("HGETALL")
+            .arg(keys::STATE)
             .query_async(&mut conn)
             .await?;
         let mut sets = Vec::new();
@@ -75,10 +80,28 @@ impl RedisPool {
             .arg("WITHSCORES")
             .query_async(&mut conn)
             .await?;
-        let records: BTreeMap<String, Value> = raw
-            .into_iter()
-            .map(|(k, v)| (k, serde_json::from_str(&v).unwrap_or(Value::String(v))))
-            .collect();
+        let json = |v: &str| serde_json::from_str(v).unwrap_or(Value::String(v.to_owned()));
+        let mut records: BTreeMap<String, Value> = BTreeMap::new();
+        for (id, state) in &states {
+            let mut record = json(state);
+            if let Some(fields) = record.as_object_mut() {
+                if fields.get("status").and_then(Value::as_str) == Some("EXTRACTED") {
+                    fields.insert("id".into(), id.as_str().into());
+                } else if let Some(Value::Object(d)) = details.get(id).map(|d| json(d)) {
+                    fields.extend(d);
+                }
+            }
+            records.insert(id.clone(), record);
+        }
+        // Details without a state, or left after an extraction, show as such.
+        for (id, d) in &details {
+            let extracted = records
+                .get(id)
+                .is_none_or(|r| r.get("status").and_then(Value::as_str) == Some("EXTRACTED"));
+            if extracted {
+                records.insert(format!("{id} (details left over)"), json(d));
+            }
+        }
         let index: BTreeSet<String> = sets[3].iter().cloned().collect();
         let disagree =
             |what: &str| Err(PoolError::Internal(format!("index sets disagree: {what}")));

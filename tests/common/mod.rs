@@ -456,7 +456,8 @@ pub fn raw_record(id: &str, expires: i64, checked_at: i64) -> Value {
 }
 
 /// Writes a record straight into Redis, bypassing the scripts, as a damaged
-/// or racing pool could hold it: the record, its entries in every index set
+/// or racing pool could hold it: the record (split into its details and its
+/// state, as `lua/prelude.lua` stores them), its entries in every index set
 /// (the layout `lua/prelude.lua` describes, computed from the record's own
 /// fields) and its expiry entry, each optional.
 pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
@@ -473,7 +474,31 @@ pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
     let e = format!("{expires:013}");
     let mut pipe = redis::pipe();
     if what.record {
-        pipe.hset(keys::PROXIES, &id, rec.to_string()).ignore();
+        let detail_fields = [
+            "id",
+            "protocol",
+            "host",
+            "port",
+            "username",
+            "password",
+            "region",
+            "carrier",
+            "upstream",
+            "expiresAt",
+        ];
+        let (mut details, mut state) = (serde_json::Map::new(), serde_json::Map::new());
+        for (k, v) in rec.as_object().unwrap() {
+            let into = if detail_fields.contains(&k.as_str()) {
+                &mut details
+            } else {
+                &mut state
+            };
+            into.insert(k.clone(), v.clone());
+        }
+        pipe.hset(keys::PROXIES, &id, Value::Object(details).to_string())
+            .ignore()
+            .hset(keys::STATE, &id, Value::Object(state).to_string())
+            .ignore();
     }
     if what.index {
         let loc = format!("{p}|{r}|{c}|{u}|{e}|{id}");
