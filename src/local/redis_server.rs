@@ -18,12 +18,16 @@ pub enum LocalError {
     RedisFailed(String),
 }
 
+/// The server binary, found on `PATH`.
+const REDIS_SERVER: &str = "redis-server";
+
 /// A `redis-server` child process on a loopback port, killed on drop.
 /// No persistence: it exists for tests and `proxy-pool serve`. Each one
 /// works in a private directory (removed on drop), so nothing it writes
 /// (a replica's sync file, a cluster's node table) is seen by another.
 pub struct RedisServer {
     child: Option<Child>,
+    program: PathBuf,
     port: u16,
     tls: bool,
     extra: Vec<String>,
@@ -70,7 +74,7 @@ impl RedisServer {
 
     /// Starts one on a free port with extra `--name value` arguments.
     pub async fn start_with(extra: &[&str]) -> Result<Self, LocalError> {
-        Self::start_on_free_port(extra, false).await
+        Self::start_on_free_port(Path::new(REDIS_SERVER), extra, false).await
     }
 
     /// Starts one that speaks only TLS (`--port 0`, `--tls-port`), without
@@ -88,18 +92,29 @@ impl RedisServer {
             "--tls-auth-clients",
             "no",
         ];
-        Self::start_on_free_port(&extra, true).await
+        Self::start_on_free_port(Path::new(REDIS_SERVER), &extra, true).await
     }
 
-    async fn start_on_free_port(extra: &[&str], tls: bool) -> Result<Self, LocalError> {
+    /// Starts `program` (another `redis-server` binary, e.g. an older
+    /// version) on a free port with extra `--name value` arguments.
+    pub async fn start_program(program: &Path, extra: &[&str]) -> Result<Self, LocalError> {
+        Self::start_on_free_port(program, extra, false).await
+    }
+
+    async fn start_on_free_port(
+        program: &Path,
+        extra: &[&str],
+        tls: bool,
+    ) -> Result<Self, LocalError> {
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port().map_err(|e| LocalError::RedisFailed(e.to_string()))?;
             let dir = private_dir(port)?;
-            match spawn(port, extra, tls, &dir).await {
+            match spawn(program, port, extra, tls, &dir).await {
                 Ok(child) => {
                     return Ok(Self {
                         child: Some(child),
+                        program: program.to_owned(),
                         port,
                         tls,
                         extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -142,7 +157,7 @@ impl RedisServer {
     pub async fn restart(&mut self) -> Result<(), LocalError> {
         self.stop().await;
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        self.child = Some(spawn(self.port, &extra, self.tls, &self.dir).await?);
+        self.child = Some(spawn(&self.program, self.port, &extra, self.tls, &self.dir).await?);
         Ok(())
     }
 }
@@ -153,7 +168,13 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-async fn spawn(port: u16, extra: &[&str], tls: bool, dir: &Path) -> Result<Child, LocalError> {
+async fn spawn(
+    program: &Path,
+    port: u16,
+    extra: &[&str],
+    tls: bool,
+    dir: &Path,
+) -> Result<Child, LocalError> {
     let port_arg = port.to_string();
     let mut args = if tls {
         vec!["--port", "0", "--tls-port", &port_arg]
@@ -173,7 +194,7 @@ async fn spawn(port: u16, extra: &[&str], tls: bool, dir: &Path) -> Result<Child
         "notice",
     ]);
     args.extend_from_slice(extra);
-    let mut child = Command::new("redis-server")
+    let mut child = Command::new(program)
         .args(&args)
         .current_dir(dir)
         .stdin(Stdio::null())

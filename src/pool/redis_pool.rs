@@ -25,10 +25,15 @@ pub const UPSERT_BATCH: usize = 500;
 /// The oldest Redis the scripts run on (Valkey reports its Redis level):
 /// they use `TIME` before writes, shebang flags and `PEXPIRETIME`.
 const MIN_REDIS: (u32, u32) = (7, 0);
-/// Reports the server's version to the version check (`redis.REDIS_VERSION`
-/// exists from Redis 7.0 on; older servers answer "").
-static VERSION: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new("return redis.REDIS_VERSION or ''"));
+/// Reports the server's version to the version check: `redis.REDIS_VERSION`
+/// (Redis 7.0 on), else `redis_version` from `INFO server`. A script, so in
+/// cluster mode it runs on the primary that owns the pool's slot.
+static VERSION: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+    Script::new(
+        "if redis.REDIS_VERSION then return redis.REDIS_VERSION end \
+         return string.match(redis.call('INFO', 'server'), 'redis_version:([%d%.]+)') or ''",
+    )
+});
 
 /// Why the pool could not answer. Messages carry Redis error kinds and codes,
 /// never Redis error text or topology.
