@@ -338,6 +338,8 @@ pub struct Fill {
     pub seconds: f64,
     /// Proxies added per second.
     pub per_sec: f64,
+    /// Redis `used_memory` after the fill divided by N (records, index, all keys).
+    pub redis_bytes_per_proxy: Option<f64>,
 }
 
 /// The outcome of a run.
@@ -543,11 +545,17 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
                 shape.combinations(),
                 n as f64 / seconds
             ));
+            let memory: String = redis::cmd("INFO")
+                .arg("memory")
+                .query_async(&mut bench.conn.clone())
+                .await?;
+            let used = info_field(&memory, "used_memory").and_then(|v| v.parse::<f64>().ok());
             fills.push(Fill {
                 pool: n,
                 combinations: shape,
                 seconds,
                 per_sec: n as f64 / seconds,
+                redis_bytes_per_proxy: used.map(|b| b / n as f64),
             });
             let total = plan.filters.len() * plan.counts.len() * plan.concurrency.len();
             bench.progress.start(
@@ -1016,11 +1024,13 @@ impl Report {
         for f in &self.fills {
             let _ = writeln!(
                 out,
-                "fill N={} over {} combinations: {:.1} s ({:.0} proxies/s)",
+                "fill N={} over {} combinations: {:.1} s ({:.0} proxies/s), Redis memory {} bytes per proxy",
                 human(f.pool),
                 f.combinations.combinations(),
                 f.seconds,
-                f.per_sec
+                f.per_sec,
+                f.redis_bytes_per_proxy
+                    .map_or("-".to_owned(), |b| format!("{b:.0}"))
             );
         }
         let _ = writeln!(out, "{HEADER}");
