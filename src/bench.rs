@@ -525,6 +525,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
     for &n in &plan.sizes {
         for &shape in &plan.combinations {
             redis::cmd("FLUSHDB")
+                .arg("ASYNC")
                 .query_async::<()>(&mut bench.conn.clone())
                 .await?;
             bench.set_shape(shape);
@@ -576,6 +577,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
     }
     bench.progress.finish();
     redis::cmd("FLUSHDB")
+        .arg("ASYNC")
         .query_async::<()>(&mut bench.conn.clone())
         .await?;
     drop(private);
