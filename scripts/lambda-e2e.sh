@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# End-to-end test of the Lambda binary under the Lambda Runtime API:
-# `cargo lambda watch` runs proxy-pool-lambda against its runtime-API
-# emulator, and every event in events/ is sent with `cargo lambda invoke`
-# and checked against the table in events/README.md (as tests/events.rs does
-# in process). A few real HTTP requests go through the emulator's function
-# URL endpoint too. It starts its own redis-server and moto's Secrets
-# Manager emulator (holding events/clients/clients.json as the clients
-# secret, read by the binary through the real SDK) on free loopback ports,
-# is bounded in time (LAMBDA_E2E_TIMEOUT seconds, default 600), stops every
-# process it started, and ends with "N passed, M failed" (non-zero exit on
-# any failure).
+# End-to-end test of the Lambda binary under the Lambda Runtime API, with
+# cargo-lambda's runtime-API emulator:
+#
+#   bash scripts/lambda-e2e.sh           `cargo lambda watch` builds and runs
+#                                        proxy-pool-lambda (debug, this host)
+#   bash scripts/lambda-e2e.sh BINARY    runs an already built binary, e.g.
+#                                        .aws-sam/build/DistributionFunction/bootstrap
+#                                        (arm64: under qemu-user, see
+#                                        scripts/lambda_runner.py), against
+#                                        `cargo lambda watch --only-lambda-apis`
+#
+# Every event in events/ is sent with `cargo lambda invoke` and checked
+# against the table in events/README.md (as tests/events.rs does in
+# process). A few real HTTP requests go through the emulator's function URL
+# endpoint too. It starts its own redis-server and moto's Secrets Manager
+# emulator (holding events/clients/clients.json as the clients secret, read
+# by the binary through the real SDK) on free loopback ports, is bounded in
+# time (LAMBDA_E2E_TIMEOUT seconds, default 600), stops every process it
+# started, and ends with "N passed, M failed" (non-zero exit on any failure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+binary=${1:-}
 
 deadline=${LAMBDA_E2E_TIMEOUT:-600}
 demo_size=300
@@ -19,14 +29,17 @@ work=$(mktemp -d)
 redis_pid=""
 moto_pid=""
 watch_pid=""
+function_pid=""
 passed=0
 failed=0
 
 cleanup() {
-  # Both run in their own session (setsid): end each whole group.
+  # Each runs in its own session (setsid): end each whole group.
+  if [ -n "$function_pid" ]; then kill -TERM -- "-$function_pid" 2>/dev/null || true; fi
   if [ -n "$watch_pid" ]; then kill -TERM -- "-$watch_pid" 2>/dev/null || true; fi
   if [ -n "$redis_pid" ]; then kill -TERM -- "-$redis_pid" 2>/dev/null || true; fi
   if [ -n "$moto_pid" ]; then kill -TERM -- "-$moto_pid" 2>/dev/null || true; fi
+  if [ -n "$function_pid" ]; then wait "$function_pid" 2>/dev/null || true; fi
   if [ -n "$watch_pid" ]; then wait "$watch_pid" 2>/dev/null || true; fi
   if [ -n "$moto_pid" ]; then wait "$moto_pid" 2>/dev/null || true; fi
   if [ -n "$redis_pid" ]; then wait "$redis_pid" 2>/dev/null || true; fi
@@ -62,8 +75,24 @@ wait_for() {
 pass() { passed=$((passed + 1)); echo "ok    $1"; }
 fail() { failed=$((failed + 1)); echo "FAIL  $1: $2"; }
 
-echo "lambda-e2e: building"
-cargo build --locked --quiet --bin proxy-pool-lambda --bin proxy-pool
+# How the binary under test runs (natively, or an arm64 one under qemu);
+# fails here, loudly, if the emulator or the arm64 C library is missing.
+if [ -n "$binary" ]; then
+  runner_argv=$(python3 scripts/lambda_runner.py "$binary") || exit 1
+  mapfile -t run_function <<<"$runner_argv"
+  how=$(python3 -c 'import sys; sys.path.insert(0, "scripts"); from lambda_runner import describe; print(describe(sys.argv[1]))' "$binary")
+  echo "lambda-e2e: $binary ($how, $(wc -c <"$binary") bytes)"
+  # cargo lambda watch --only-lambda-apis serves a function it did not start as "_".
+  function_name=_
+  function_log="$work/function.log"
+  echo "lambda-e2e: building the CLI (demo pool loader)"
+  cargo build --locked --quiet --bin proxy-pool
+else
+  function_name=proxy-pool-lambda
+  function_log="$work/watch.log"
+  echo "lambda-e2e: building"
+  cargo build --locked --quiet --bin proxy-pool-lambda --bin proxy-pool
+fi
 target_dir=${CARGO_TARGET_DIR:-target}
 cli="$target_dir/debug/proxy-pool"
 
@@ -87,18 +116,42 @@ client = boto3.client("secretsmanager", endpoint_url=f"http://127.0.0.1:{sys.arg
 client.create_secret(Name="proxy-pool/clients", SecretString=open("events/clients/clients.json").read())
 PY
 
+# The function's configuration, the same in both modes.
+function_env=(
+  "PROXY_POOL_REDIS_URL=$redis_url" RUST_LOG=info
+  PROXY_POOL_AUTH_SCHEMES=apiKey PROXY_POOL_CLIENTS_SECRET_ID=proxy-pool/clients
+  "AWS_ENDPOINT_URL=http://127.0.0.1:$moto_port" AWS_REGION=us-east-1
+  AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
+)
+
 invoke_port=$(free_port)
-echo "lambda-e2e: cargo lambda watch on 127.0.0.1:$invoke_port, redis on 127.0.0.1:$redis_port, secrets on 127.0.0.1:$moto_port"
-setsid cargo lambda watch --bin proxy-pool-lambda --ignore-changes \
-  --invoke-address 127.0.0.1 --invoke-port "$invoke_port" \
-  --env-var "PROXY_POOL_REDIS_URL=$redis_url" --env-var RUST_LOG=info \
-  --env-var PROXY_POOL_AUTH_SCHEMES=apiKey --env-var PROXY_POOL_CLIENTS_SECRET_ID=proxy-pool/clients \
-  --env-var "AWS_ENDPOINT_URL=http://127.0.0.1:$moto_port" --env-var AWS_REGION=us-east-1 \
-  --env-var AWS_ACCESS_KEY_ID=test --env-var AWS_SECRET_ACCESS_KEY=test \
-  >"$work/watch.log" 2>&1 </dev/null &
-watch_pid=$!
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$invoke_port") 2>/dev/null; }
-wait_for "cargo lambda watch" 120 port_open
+echo "lambda-e2e: cargo lambda watch on 127.0.0.1:$invoke_port, redis on 127.0.0.1:$redis_port, secrets on 127.0.0.1:$moto_port"
+if [ -z "$binary" ]; then
+  watch_env=()
+  for var in "${function_env[@]}"; do watch_env+=(--env-var "$var"); done
+  setsid cargo lambda watch --bin proxy-pool-lambda --ignore-changes \
+    --invoke-address 127.0.0.1 --invoke-port "$invoke_port" "${watch_env[@]}" \
+    >"$function_log" 2>&1 </dev/null &
+  watch_pid=$!
+  wait_for "cargo lambda watch" 120 port_open
+else
+  setsid cargo lambda watch --only-lambda-apis \
+    --invoke-address 127.0.0.1 --invoke-port "$invoke_port" \
+    >"$work/watch.log" 2>&1 </dev/null &
+  watch_pid=$!
+  wait_for "cargo lambda watch --only-lambda-apis" 120 port_open
+  # Started as Lambda starts a custom runtime: a clean environment with the
+  # Runtime API's address, the function's settings and its configuration.
+  setsid env -i PATH=/usr/bin:/bin LANG=C.UTF-8 TZ=:UTC \
+    AWS_LAMBDA_RUNTIME_API="http://127.0.0.1:$invoke_port/.rt" \
+    AWS_LAMBDA_FUNCTION_NAME="$function_name" AWS_LAMBDA_FUNCTION_VERSION=1 \
+    AWS_LAMBDA_FUNCTION_MEMORY_SIZE=128 AWS_LAMBDA_LOG_FORMAT=JSON \
+    AWS_LAMBDA_LOG_GROUP_NAME=/aws/lambda/proxy-pool-e2e AWS_LAMBDA_LOG_STREAM_NAME=e2e \
+    _HANDLER=bootstrap "${function_env[@]}" "${run_function[@]}" \
+    >"$function_log" 2>&1 </dev/null &
+  function_pid=$!
+fi
 
 reset_pool() {
   redis-cli -p "$redis_port" flushall >/dev/null </dev/null
@@ -108,7 +161,12 @@ reset_pool() {
 # invoke FILE OUT: one invocation through the runtime API; stdout to OUT,
 # stderr to OUT.err; returns cargo lambda's exit status.
 invoke() {
-  timeout 120 cargo lambda invoke proxy-pool-lambda \
+  if [ -n "$function_pid" ] && ! kill -0 "$function_pid" 2>/dev/null; then
+    : >"$2"
+    echo "the function exited: $(tail -c 500 "$function_log")" >"$2.err"
+    return 1
+  fi
+  timeout 120 cargo lambda invoke "$function_name" \
     --invoke-address 127.0.0.1 --invoke-port "$invoke_port" \
     --data-file "$1" --output-format json >"$2" 2>"$2.err" </dev/null
 }
@@ -197,12 +255,12 @@ for row in "${rows[@]}"; do
 done
 
 # The health check wrote EMF lines, and the function logs JSON through tracing.
-if grep -q '"Namespace":"ProxyPool"' "$work/watch.log" && grep -q '"EligibleProxies":' "$work/watch.log"; then
+if grep -q '"Namespace":"ProxyPool"' "$function_log" && grep -q '"EligibleProxies":' "$function_log"; then
   pass "health check emitted CloudWatch EMF lines"
 else
   fail "EMF" "no ProxyPool EMF line in the function's output"
 fi
-if grep -q '"message":"request"' "$work/watch.log" && grep -q '"message":"unrecognised event' "$work/watch.log"; then
+if grep -q '"message":"request"' "$function_log" && grep -q '"message":"unrecognised event' "$function_log"; then
   pass "JSON access log and unrecognised-event log lines"
 else
   fail "logs" "missing JSON request / unrecognised-event log lines"
@@ -210,9 +268,9 @@ fi
 
 # Real HTTP through the emulator's function URL endpoint.
 reset_pool
-url_check=$(python3 - "$invoke_port" <<'PY'
+url_check=$(python3 - "$invoke_port" "$function_name" <<'PY'
 import json, sys, urllib.request, urllib.error
-base = f"http://127.0.0.1:{sys.argv[1]}/lambda-url/proxy-pool-lambda"
+base = f"http://127.0.0.1:{sys.argv[1]}/lambda-url/{sys.argv[2]}"
 def call(method, path, body=None, headers=None):
     req = urllib.request.Request(base + path, data=body, method=method, headers=headers or {})
     try:

@@ -10,7 +10,10 @@ median. The Redis connection is lazy, so no Redis is needed (the URL points
 at a closed port on purpose: init must not wait for Redis).
 
 Usage: python3 scripts/measure-init.py [BINARY] [RUNS]
-  BINARY defaults to $CARGO_TARGET_DIR (or target)/release/proxy-pool-lambda
+  BINARY defaults to $CARGO_TARGET_DIR (or target)/release/proxy-pool-lambda;
+  an arm64 one (.aws-sam/build/DistributionFunction/bootstrap) on an x86_64
+  host runs under qemu-user (scripts/lambda_runner.py): that measures the
+  emulator as much as the binary, so label such figures as emulated.
 """
 
 import http.server
@@ -20,6 +23,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from lambda_runner import RunnerError, describe, runner
 
 NEXT_PATH = "/2018-06-01/runtime/invocation/next"
 
@@ -32,6 +37,12 @@ def main() -> int:
         print(f"measure-init: {binary} is not an executable; build it first "
               "(cargo build --release --bin proxy-pool-lambda)", file=sys.stderr)
         return 1
+    try:
+        argv, how = runner(binary), describe(binary)
+    except RunnerError as e:
+        print(f"measure-init: {e}", file=sys.stderr)
+        return 1
+    print(f"{binary}: {how}")
 
     arrived = threading.Event()
     stop = threading.Event()
@@ -72,7 +83,7 @@ def main() -> int:
         arrived.clear()
         stop.clear()
         t0 = time.perf_counter_ns()
-        proc = subprocess.Popen([binary], env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         ok = arrived.wait(10)
         proc.kill()

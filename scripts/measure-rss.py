@@ -8,8 +8,13 @@ loopback, and hands the binary INVOCATIONS API Gateway extraction events
 them (Lambda gives an instance one event at a time). At the end it reads
 VmHWM (peak RSS) and VmRSS from /proc/<pid>/status, then stops everything.
 
-Usage: python3 scripts/measure-rss.py [INVOCATIONS]
-  binaries from $CARGO_TARGET_DIR (or target)/release: proxy-pool-lambda, proxy-pool
+Usage: python3 scripts/measure-rss.py [INVOCATIONS] [LAMBDA_BINARY]
+  binaries from $CARGO_TARGET_DIR (or target)/release: proxy-pool-lambda
+  (unless LAMBDA_BINARY is given), proxy-pool. An arm64 LAMBDA_BINARY
+  (.aws-sam/build/DistributionFunction/bootstrap) on an x86_64 host runs
+  under qemu-user (scripts/lambda_runner.py): the peak RSS is then that of
+  the emulator process (guest memory plus qemu and its translated code),
+  not comparable with a native figure.
 """
 
 import http.server
@@ -20,6 +25,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from lambda_runner import RunnerError, describe, runner
 
 PREFIX = "/2018-06-01/runtime/invocation/"
 
@@ -61,12 +68,18 @@ def status_kib(pid: int, field: str) -> int:
 def main() -> int:
     invocations = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
     release = os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release")
-    lambda_bin = os.path.join(release, "proxy-pool-lambda")
+    lambda_bin = sys.argv[2] if len(sys.argv) > 2 else os.path.join(release, "proxy-pool-lambda")
     cli_bin = os.path.join(release, "proxy-pool")
     for b in (lambda_bin, cli_bin):
         if not os.access(b, os.X_OK):
             print(f"measure-rss: {b} is missing; cargo build --release --bins", file=sys.stderr)
             return 1
+    try:
+        lambda_argv, how = runner(lambda_bin), describe(lambda_bin)
+    except RunnerError as e:
+        print(f"measure-rss: {e}", file=sys.stderr)
+        return 1
+    print(f"{lambda_bin}: {how}")
 
     port = free_port()
     redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
@@ -93,6 +106,12 @@ def main() -> int:
             # Headers and body go out in separate writes: without this,
             # Nagle and delayed ACKs add 40 ms to every invocation.
             disable_nagle_algorithm = True
+
+            def handle(self):
+                try:
+                    super().handle()
+                except ConnectionResetError:
+                    pass  # the binary was stopped with its next poll open
 
             def do_GET(self):  # noqa: N802
                 if not self.path.endswith("/next"):
@@ -151,7 +170,7 @@ def main() -> int:
             "PROXY_POOL_AUTH_SCHEMES": "none",
             "PROXY_POOL_CLIENT_RATE": "off",
         }
-        proc = subprocess.Popen([lambda_bin], env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(lambda_argv, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             if not finished.wait(300):

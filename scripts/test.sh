@@ -4,7 +4,9 @@
 # local Secrets Manager emulator, started by the tests on free loopback
 # ports; Redis faults under load, fuzzing, Redis Cluster, TLS and replicas
 # included), cfn-lint of the SAM template, the Lambda end-to-end test under
-# cargo-lambda's runtime API emulator and the schemathesis contract test.
+# cargo-lambda's runtime API emulator, the same test run on the arm64
+# `bootstrap` that `sam build` makes (under qemu-user, after
+# `sam validate --lint`) and the schemathesis contract test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh test
@@ -15,4 +17,5 @@ cargo test --all-targets --locked
 cfn-lint template.yaml
 echo "cfn-lint: template.yaml clean"
 bash scripts/lambda-e2e.sh
+bash scripts/sam-e2e.sh
 bash scripts/contract.sh

@@ -1,0 +1,192 @@
+//! What an extraction asks of the pool and what the script answers: the
+//! contract of `lua/extract.lua`, in Rust types.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The proxy protocols the pool knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    /// `http`.
+    Http,
+    /// `https`.
+    Https,
+    /// `socks5`.
+    Socks5,
+}
+
+impl Protocol {
+    /// Every protocol, in their usual order.
+    pub const ALL: [Self; 3] = [Self::Http, Self::Https, Self::Socks5];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Https => "https",
+            Self::Socks5 => "socks5",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// The wire names, comma-separated, for messages.
+    pub fn names() -> String {
+        Self::ALL.map(Self::as_str).join(", ")
+    }
+}
+
+/// What to do when fewer proxies are eligible than requested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Fulfillment {
+    /// Return what is available, possibly none.
+    #[serde(rename = "partial")]
+    Partial,
+    /// Return exactly `count` or nothing (409).
+    #[serde(rename = "allOrNothing")]
+    AllOrNothing,
+}
+
+impl Fulfillment {
+    /// Parses the wire name (`partial`, `allOrNothing`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "partial" => Some(Self::Partial),
+            "allOrNothing" => Some(Self::AllOrNothing),
+            _ => None,
+        }
+    }
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Partial => "partial",
+            Self::AllOrNothing => "allOrNothing",
+        }
+    }
+}
+
+/// Which proxies a request may be given: OR within a dimension, AND across
+/// dimensions; an empty list does not restrict.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Selection<'a> {
+    /// Any of these protocols.
+    pub protocols: &'a [String],
+    /// Any of these regions.
+    pub regions: &'a [String],
+    /// Any of these carriers.
+    pub carriers: &'a [String],
+    /// Only these upstreams (the client's permission, narrowed by its
+    /// `allowedUpstreams`); `None` means any, an empty set none.
+    pub upstreams: Option<&'a BTreeSet<String>>,
+}
+
+/// Where a committed extraction is recorded for replay.
+#[derive(Debug, Clone)]
+pub struct IdempotencyScope {
+    /// The Redis key, from [`keys::idempotency`].
+    pub key: String,
+    /// The request's digest (64 hex characters), so a reuse of the key with
+    /// another request is told apart.
+    pub digest: String,
+    /// How long the record lives.
+    pub ttl: Duration,
+}
+
+/// Everything `lua/extract.lua` needs for one extraction.
+#[derive(Debug, Clone)]
+pub struct ExtractionQuery<'a> {
+    /// Proxies asked for.
+    pub count: u32,
+    /// Effective fulfillment mode.
+    pub fulfillment: Fulfillment,
+    /// Eligible proxies to leave for the Gateway.
+    pub reserve: u32,
+    /// Minimum remaining life of a proxy handed out.
+    pub min_remaining_ttl: Duration,
+    /// Oldest acceptable health check.
+    pub max_health_check_age: Duration,
+    /// Which proxies match.
+    pub selection: Selection<'a>,
+    /// Copied into the committed result.
+    pub request_id: &'a str,
+    /// Present when the caller sent an `Idempotency-Key`.
+    pub idempotency: Option<IdempotencyScope>,
+}
+
+/// The script's verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExtractionOutcome {
+    /// Proxies removed from the pool and (if scoped) recorded.
+    Committed(CommittedExtraction),
+    /// The same request was committed before: its result, nothing extracted.
+    Replayed(CommittedExtraction),
+    /// The `Idempotency-Key` was used with another request.
+    KeyReused,
+    /// `allOrNothing` could not be met; `available` = eligible minus reserve.
+    Insufficient {
+        /// What could have been handed out.
+        available: u64,
+        /// The Redis clock it was decided at, Unix ms.
+        at_ms: i64,
+    },
+    /// Committed (or replayed) on the primary, but fewer replicas than
+    /// configured acknowledged it in time: not to be handed to the client,
+    /// since a failover now could lose it and hand the proxies out again.
+    /// The idempotency record (if any) holds the result for a retry.
+    NotReplicated {
+        /// Replicas that did acknowledge.
+        acknowledged: u64,
+    },
+}
+
+/// A proxy as recorded in the pool (the public part of its record).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PooledProxy {
+    /// Stable proxy id.
+    pub id: String,
+    /// `http`, `https` or `socks5`.
+    pub protocol: String,
+    /// Host name or IP address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Proxy user, if any.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Proxy password, if any.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Region ("" when unknown).
+    #[serde(default)]
+    pub region: String,
+    /// Carrier ("" when unknown).
+    #[serde(default)]
+    pub carrier: String,
+    /// Upstream provider.
+    pub upstream: String,
+    /// Hard expiry, Unix ms.
+    pub expires_at: i64,
+}
+
+/// What one committed extraction recorded: the source of the 200 body,
+/// stored in the idempotency record so a replay renders the same bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CommittedExtraction {
+    /// Request id of the request that committed it.
+    pub request_id: String,
+    /// The `count` asked for.
+    pub requested: u32,
+    /// Redis time of the commit, Unix ms.
+    pub extracted_at: i64,
+    /// The proxies taken, soonest-expiring first.
+    pub proxies: Vec<PooledProxy>,
+}
+
