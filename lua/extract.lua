@@ -36,11 +36,12 @@
 --      no filter -> pool (one slice); regions only -> one region slice each;
 --      no region -> the kinds matching protocol, carrier and upstream; regions
 --      and others -> one atom slice per (region, matching kind).
---   2. Due entries: index entries past their safety margin (usable) or with a
---      health check older than maxHealthCheckAge (checked) are read, at most
---      PURGE_BATCH of each; they are skipped, and removed at the end whatever
---      the answer (replays aside): they can never be handed out, and they
---      come back with a fresh health result or a refresh.
+--   2. Due entries: members of `usable` past their safety margin and of
+--      `checked` with a health check older than maxHealthCheckAge, at most
+--      PURGE_BATCH of each. Those still indexed (in the atom family) are
+--      skipped, and taken out of the index at the end whatever the answer
+--      (replays aside): they can never be handed out, and they come back with
+--      a fresh health result or a refresh. Every member read leaves its set.
 --   3. Count, only with a reserve: ZLEXCOUNT of each slice from
 --      now + minRemainingTTL, minus the due entries among them. Exact, and
 --      O(log N) per slice, whatever the reserve.
@@ -141,24 +142,20 @@ for _, s in ipairs(slices) do in_plan[s] = true end
 local t_min = now + math.max(min_ttl, 1)   -- margin 0: usableUntil = expiresAt > now
 local t13 = pad13(t_min)
 local cutoff = now - max_age
-local due = {}        -- member in the walked family -> {p, r, c, u, e, id}
-local due_list = {}
-local garbage = {}
+local due = {}        -- member in the walked family -> its entry
+local due_list = {}   -- entries still indexed: {p, r, c, u, e, id, member, slice}
+local read = {}       -- {set, n}: the first n members of each set are removed
 local more_due = false
 for _, spec in ipairs({{K.usable, now_text}, {K.checked, '(' .. cutoff}}) do
-  local list = redis.call('ZRANGEBYSCORE', spec[1], '-inf', spec[2], 'LIMIT', 0, PURGE_BATCH + 1)
-  if #list > PURGE_BATCH then more_due = true end
-  for _, loc in ipairs(list) do
-    local p, r, c, u, e, id = split_locator(loc)
-    if p then
-      local member, slice = member_in(family, p, r, c, u, e, id)
-      if not due[member] then
-        local entry = {p, r, c, u, e, id, member = member, slice = slice}
-        due[member] = entry
-        due_list[#due_list + 1] = entry
-      end
-    else
-      garbage[#garbage + 1] = {spec[1], loc}
+  local live, n, more = due_members(spec[1], spec[2], PURGE_BATCH)
+  if more then more_due = true end
+  read[#read + 1] = {spec[1], n}
+  for _, d in ipairs(live) do
+    local member, slice = member_in(family, d[1], d[2], d[3], d[4], d[5], d[6])
+    if not due[member] then
+      d.member, d.slice = member, slice
+      due[member] = d
+      due_list[#due_list + 1] = d
     end
   end
 end
@@ -168,15 +165,17 @@ end
 local function purge_only(reply, bad)
   local writes = new_writes()
   for _, d in ipairs(due_list) do unindex_parts(writes, d[1], d[2], d[3], d[4], d[5], d[6]) end
-  for _, g in ipairs(garbage) do push(writes, 'zrem', g[1], g[2]) end
   for _, member in ipairs(bad or {}) do
     push(writes, 'zrem', fam_key, member)
     local loc = locator_from(family, member)
     if loc then unindex(writes, loc, family) end
   end
-  local refused = expect_types(writes, {[K.usable] = true, [K.checked] = true})
+  local refused = expect_types(writes)
   if refused then return refused end
   apply(writes)
+  for _, r in ipairs(read) do
+    if r[2] > 0 then redis.call('ZREMRANGEBYRANK', r[1], 0, r[2] - 1) end
+  end
   return reply
 end
 if more_due then return purge_only({'again'}) end
@@ -191,9 +190,7 @@ if reserve > 0 then
     total = total + redis.call('ZLEXCOUNT', fam_key, '[' .. s .. t13, hi)
   end
   for _, d in ipairs(due_list) do
-    if d[5] >= t13 and in_plan[d.slice] and redis.call('ZSCORE', fam_key, d.member) then
-      total = total - 1
-    end
+    if d[5] >= t13 and in_plan[d.slice] then total = total - 1 end
   end
 end
 
@@ -374,14 +371,13 @@ end
 for _, d in ipairs(due_list) do
   unindex_parts(writes, d[1], d[2], d[3], d[4], d[5], d[6], ranged[d.member] and family or nil)
 end
-for _, g in ipairs(garbage) do push(writes, 'zrem', g[1], g[2]) end
 local records = {}
 for i = 1, take do
   local e = valid[i]
   local d = e.rec
   local exp = string.sub(e.key, 1, 13)
   unindex_parts(writes, d.protocol, d.region, d.carrier, d.upstream, exp, d.id,
-                ranged[e.member] and family or nil, e.state.usableUntil < d.expiresAt)
+                ranged[e.member] and family or nil)
   push(writes, 'hdel', K.proxies, d.id)
   push(writes, 'hset', K.state, d.id, tombstone_json(exp))
   records[i] = e.raw
@@ -415,13 +411,16 @@ end
 local result = '{"requestId":' .. cjson.encode(request_id) .. ',"requested":' .. ARGV[1] ..
   ',"extractedAt":' .. now_text .. ',"proxies":[' .. table.concat(records, ',') .. ']}'
 
-local known = {[fam_key] = #cursors > 0 or nil, [K.usable] = true, [K.checked] = true,
+local known = {[fam_key] = #cursors > 0 or nil,
                [K.proxies] = found > 0 or nil, [K.state] = found > 0 or nil,
                [K.hint] = (hinted and #slices > 1) or nil}
 local refused = expect_types(writes, known)
 if refused then return refused end
 for _, range in ipairs(ranges) do redis.call('ZREMRANGEBYLEX', fam_key, range[1], range[2]) end
 apply(writes)
+for _, r in ipairs(read) do
+  if r[2] > 0 then redis.call('ZREMRANGEBYRANK', r[1], 0, r[2] - 1) end
+end
 if hint_life and hint_life > 0 then redis.call('PEXPIREAT', K.hint, hint_life) end
 if idem then
   redis.call('SET', idem, digest .. result, 'PX', idem_ttl)

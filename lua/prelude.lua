@@ -30,6 +30,8 @@
 --   atom    "<p>|<r>|<c>|<u>|<expiry>|<id>"       one slice per combination (= the locator)
 --   usable  score usableUntil, member locator     only records with a safety margin
 --   checked score healthCheckedAt, member locator
+-- (The time sets may also hold members of entries no longer indexed: they
+-- are left behind by removals and dropped when they fall due.)
 -- A slice is a lexicographic range (all members score 0), sorted by expiry
 -- then id. Every member carries the whole locator, so any one of them says
 -- where the entry sits in all the others. The time rules are not in the
@@ -283,16 +285,15 @@ local function push(writes, op, key, a, b)
   if b ~= nil then list[#list + 1] = b end
 end
 
--- Takes an entry out of every index set (removing an absent member is a
--- no-op). `skip` names a family whose member the caller removes itself;
--- `margin` false says the entry is known not to be in `usable`.
-local function unindex_parts(writes, p, r, c, u, e, id, skip, margin)
+-- Takes an entry out of the four families (removing an absent member is a
+-- no-op). `skip` names a family whose member the caller removes itself.
+-- Its members in `usable` and `checked` are left behind: they are dropped
+-- when they fall due, and a due member counts only while its locator is
+-- still in the atom family (so a stale one never unindexes anything).
+local function unindex_parts(writes, p, r, c, u, e, id, skip)
   for _, family in ipairs(FAMILIES) do
     if family ~= skip then push(writes, 'zrem', K[family], (member_in(family, p, r, c, u, e, id))) end
   end
-  local loc = p .. '|' .. r .. '|' .. c .. '|' .. u .. '|' .. e .. '|' .. id
-  if margin ~= false then push(writes, 'zrem', K.usable, loc) end
-  push(writes, 'zrem', K.checked, loc)
 end
 
 local function unindex(writes, loc, skip)
@@ -300,7 +301,8 @@ local function unindex(writes, loc, skip)
   if p then unindex_parts(writes, p, r, c, u, e, id, skip) end
 end
 
--- Puts a live, indexed record into every index set.
+-- Puts a live, indexed record into every index set, and rewrites its
+-- members in the time sets (one may be left from an earlier indexing).
 local function index(writes, rec)
   local loc = locator_of(rec)
   local p, r, c, u, e, id = split_locator(loc)
@@ -309,9 +311,29 @@ local function index(writes, rec)
   end
   if rec.usableUntil < rec.expiresAt then
     push(writes, 'zadd', K.usable, rec.usableUntil, loc)
+  else
+    push(writes, 'zrem', K.usable, loc)
   end
   push(writes, 'zadd', K.checked, rec.healthCheckedAt, loc)
   push(writes, 'hset', K.kinds, p .. '|' .. c .. '|' .. u, '1')
+end
+
+-- Reads the members of `set` due by `bound` (a ZRANGEBYSCORE max), at most
+-- `limit`. Returns the due entries still indexed (split locators, each
+-- `{p, r, c, u, e, id, loc = ...}`), how many members were read (the caller
+-- removes them all with ZREMRANGEBYRANK 0 n-1), and whether more are due.
+local function due_members(set, bound, limit)
+  local list = redis.call('ZRANGEBYSCORE', set, '-inf', bound, 'LIMIT', 0, limit + 1)
+  local more = #list > limit
+  if more then list[#list] = nil end
+  local live = {}
+  for _, loc in ipairs(list) do
+    local p, r, c, u, e, id = split_locator(loc)
+    if p and redis.call('ZSCORE', K.atom, loc) then
+      live[#live + 1] = {p, r, c, u, e, id, loc = loc}
+    end
+  end
+  return live, #list, more
 end
 
 -- Applies the writes. Nothing here can fail once the key types are known

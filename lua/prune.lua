@@ -19,7 +19,8 @@
 --   2. pool: index entries whose own expiry has passed (this also finds
 --      entries left behind by a record deleted some other way).
 --   3. usable and checked: index entries past their safety margin, or whose
---      health check is older than maxHealthCheckAge.
+--      health check is older than maxHealthCheckAge; members left in those
+--      sets by entries no longer indexed are dropped as they fall due.
 -- The cost is O(log N + batch) per sweep, never the pool's size. Every read
 -- and decision happens before the first write.
 
@@ -70,16 +71,20 @@ for _, member in ipairs(stale) do
   if loc then drop(loc) else push(writes, 'zrem', K.pool, member) end
 end
 
--- 3. Index entries past their safety margin, or with a stale health check.
+-- 3. Index entries past their safety margin, or with a stale health check
+--    (members left behind by entries no longer indexed go too).
+local read = {}
 for _, spec in ipairs({{K.usable, now}, {K.checked, '(' .. (now - max_age)}}) do
-  local list = redis.call('ZRANGEBYSCORE', spec[1], '-inf', spec[2], 'LIMIT', 0, batch)
-  if #list == batch then more = 1 end
-  for _, loc in ipairs(list) do
-    if split_locator(loc) then drop(loc) else push(writes, 'zrem', spec[1], loc) end
-  end
+  local live, n, full = due_members(spec[1], spec[2], batch)
+  if full then more = 1 end
+  read[#read + 1] = {spec[1], n}
+  for _, d in ipairs(live) do drop(d.loc) end
 end
 
 local refused = expect_types(writes)
 if refused then return refused end
 apply(writes)
+for _, r in ipairs(read) do
+  if r[2] > 0 then redis.call('ZREMRANGEBYRANK', r[1], 0, r[2] - 1) end
+end
 return {records, index_removed, more}

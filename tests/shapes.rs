@@ -360,7 +360,7 @@ async fn damaged_values_never_cause_a_partial_removal() {
         "no damaged record is handed out"
     );
     assert_eq!(zcard(&h, keys::IX_POOL).await, 0);
-    assert_eq!(zcard(&h, keys::IX_CHECKED).await, 0);
+    assert_eq!(zcard(&h, keys::IX_ATOM).await, 0);
 
     // A hint hash of the wrong type: the call is refused before any write.
     h.load(&city_pool("again", 3, 1)).await;
