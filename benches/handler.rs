@@ -20,8 +20,9 @@ use lambda_http::Body;
 use lambda_http::http::{Request, StatusCode};
 use proxy_pool::bench::{PoolShape, synthetic_proxy};
 use proxy_pool::distribution::EXTRACT_PATH;
-use proxy_pool::extraction::{CommittedExtraction, ExtractRequest, Fulfillment, IdempotencyKey};
+use proxy_pool::extraction::{ExtractRequest, IdempotencyKey};
 use proxy_pool::httpapi::{RequestId, json_response};
+use proxy_pool::pool::{CommittedExtraction, Fulfillment};
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{
     AuthSchemes, ClientRegistry, Guard, IdentityResolver, PeerAddr, RegistryHandle, SourcePolicy,

@@ -501,7 +501,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         SourcePolicy::default(),
         RegistryHandle::default(),
     );
-    let app = Arc::new(App::new(&config, pool.clone(), Arc::new(guard)));
+    let app = Arc::new(App::new(config.settings(), pool.clone(), Arc::new(guard)));
     let mut conn = pool.connection();
     let info: String = redis::cmd("INFO")
         .arg("server")

@@ -52,7 +52,10 @@ mod tests {
     #[test]
     fn round_trips() {
         assert_eq!(rfc3339(1_785_234_600_999), "2026-07-28T10:30:00Z");
-        assert_eq!(parse_rfc3339("2026-07-28T10:30:00.5Z"), Ok(1_785_234_600_500));
+        assert_eq!(
+            parse_rfc3339("2026-07-28T10:30:00.5Z"),
+            Ok(1_785_234_600_500)
+        );
         assert_eq!(parse_rfc3339("tomorrow"), Err(TimeError::Format));
         assert_eq!(parse_rfc3339("1960-01-01T00:00:00Z"), Err(TimeError::Range));
         assert!(now_ms() > 1_700_000_000_000);

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::extraction::Fulfillment;
+use crate::distribution::Settings;
+use crate::extraction::Policy;
+use crate::pool::{Fulfillment, RedisOptions};
 use crate::security::{AuthSchemes, Rate, SourcePolicy, registry::parse_net};
 
 /// Hard upper bound for `PROXY_POOL_MAX_COUNT_PER_REQUEST` (the OpenAPI maximum).
@@ -105,6 +107,39 @@ pub struct ConfigError {
 }
 
 impl Config {
+    /// How to reach Redis (everything but the URL).
+    pub fn redis_options(&self) -> RedisOptions {
+        RedisOptions {
+            timeout: self.redis_timeout,
+            cluster: self.redis_cluster,
+            ca_file: self.redis_ca_file.clone(),
+            replica_acks: self.replica_acks,
+            replica_ack_timeout: self.replica_ack_timeout,
+        }
+    }
+
+    /// The rules every extraction runs under.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            max_count_per_request: self.max_count_per_request,
+            default_fulfillment: self.default_fulfillment,
+            min_remaining_ttl: self.min_remaining_ttl,
+            max_health_check_age: self.max_health_check_age,
+            reserve_for_gateway: self.reserve_for_gateway,
+            idempotency_ttl: self.idempotency_ttl,
+        }
+    }
+
+    /// What the HTTP handler takes from the configuration.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            policy: self.policy(),
+            max_body_bytes: self.max_body_bytes,
+            global_rate: self.global_rate,
+            client_rate: self.client_rate,
+        }
+    }
+
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())

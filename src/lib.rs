@@ -25,6 +25,7 @@
 //!   same Redis.
 
 pub mod bench;
+pub mod clock;
 pub mod config;
 pub mod distribution;
 pub mod extraction;

@@ -46,9 +46,9 @@ async fn main() -> Result<(), Error> {
             return Err("PROXY_POOL_CLIENTS_SECRET_ID: is required when PROXY_POOL_AUTH_SCHEMES enables apiKey, basic or bearer".into());
         }
     };
-    let pool = RedisPool::from_config(&url, &config)?;
+    let pool = RedisPool::with_options(&url, &config.redis_options())?;
     let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
-    let app = Arc::new(App::new(&config, pool.clone(), Arc::new(guard)));
+    let app = Arc::new(App::new(config.settings(), pool.clone(), Arc::new(guard)));
     let function = Arc::new(Function::new(app, pool, &config));
     lambda_runtime::run(service_fn(move |event| {
         let function = function.clone();

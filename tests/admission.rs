@@ -296,7 +296,7 @@ async fn upstream_permissions() {
 fn second_app(h: &Harness) -> Arc<App> {
     let pool = RedisPool::new(&h.redis.url(), h.config.redis_timeout).unwrap();
     let guard = Guard::new(h.config.auth_schemes, h.config.sources.clone(), registry());
-    Arc::new(App::new(&h.config, pool, Arc::new(guard)))
+    Arc::new(App::new(h.config.settings(), pool, Arc::new(guard)))
 }
 
 /// The per-client limit (here the registry's 1/s, burst 2) is shared by two

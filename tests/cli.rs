@@ -6,7 +6,7 @@ mod common;
 use std::process::Stdio;
 
 use common::{Harness, http, now_ms};
-use proxy_pool::extraction::rfc3339;
+use proxy_pool::clock::rfc3339;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 

@@ -172,7 +172,7 @@ async fn remove() {
         Verdict::Ok
     );
     assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids(), ["r-0001"]);
-    let state = h.pool.state().await.unwrap();
+    let state = common::model::pool_state(&h.pool).await.unwrap();
     assert!(!state.records.contains_key("r-0000") && !state.expiry.contains_key("r-0000"));
 }
 

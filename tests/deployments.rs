@@ -150,7 +150,7 @@ async fn works_on_a_redis_cluster() {
         per_second: 0.1,
         burst: 5,
     });
-    let pool = RedisPool::from_config(&urls.join(","), &config).unwrap();
+    let pool = RedisPool::with_options(&urls.join(","), &config.redis_options()).unwrap();
     assert!(pool.connection().is_cluster());
     let app = app_over(&config, pool.clone());
 
@@ -336,7 +336,7 @@ async fn works_over_tls_with_a_private_ca() {
     let mut config = test_config();
     config.redis_timeout = Duration::from_millis(1000);
     config.redis_ca_file = Some(ca.clone());
-    let pool = RedisPool::from_config(&url, &config).unwrap();
+    let pool = RedisPool::with_options(&url, &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
     assert_eq!(ready(&app).await.status, 200);
     pool.upsert(&proxies("tls", 4)).await.unwrap();
@@ -349,16 +349,22 @@ async fn works_over_tls_with_a_private_ca() {
     // The plain port is closed (`--port 0`), and the system roots do not
     // know the private CA.
     config.redis_ca_file = None;
-    let untrusting = app_over(&config, RedisPool::from_config(&url, &config).unwrap());
+    let untrusting = app_over(
+        &config,
+        RedisPool::with_options(&url, &config.redis_options()).unwrap(),
+    );
     let r = extract_as(&untrusting, r#"{"count":1}"#, &[], "127.0.0.1:1").await;
     assert_eq!((r.status, r.code()), (503, "SERVICE_UNAVAILABLE"));
     assert_eq!(ready(&untrusting).await.status, 503);
     let plain = url.replace("rediss://", "redis://");
-    let plaintext = app_over(&config, RedisPool::from_config(&plain, &config).unwrap());
+    let plaintext = app_over(
+        &config,
+        RedisPool::with_options(&plain, &config.redis_options()).unwrap(),
+    );
     assert_eq!(ready(&plaintext).await.status, 503);
     // A missing CA file is a configuration error, not a silent fallback.
     config.redis_ca_file = Some(dir.join("missing.pem"));
-    assert!(RedisPool::from_config(&url, &config).is_err());
+    assert!(RedisPool::with_options(&url, &config.redis_options()).is_err());
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -423,7 +429,7 @@ async fn replica_acknowledgement_before_answering() {
     config.redis_timeout = Duration::from_millis(1000);
     config.replica_acks = 1;
     config.replica_ack_timeout = Duration::from_millis(200);
-    let pool = RedisPool::from_config(&primary.url(), &config).unwrap();
+    let pool = RedisPool::with_options(&primary.url(), &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
     pool.upsert(&proxies("rep", 6)).await.unwrap();
     let me = "127.0.0.1:1";

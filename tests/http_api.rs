@@ -92,7 +92,7 @@ async fn max_count_is_configurable() {
 #[tokio::test]
 async fn default_fulfillment_is_configurable() {
     let h = Harness::with_config(|c| {
-        c.default_fulfillment = proxy_pool::extraction::Fulfillment::AllOrNothing
+        c.default_fulfillment = proxy_pool::pool::Fulfillment::AllOrNothing
     })
     .await;
     h.load(&proxies("d", 2)).await;

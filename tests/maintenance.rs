@@ -110,7 +110,7 @@ async fn prune_removes_only_what_has_expired() {
         serde_json::from_str(&hgetall(&h, keys::PROXIES).await["refreshed"]).unwrap();
     let score = expiry.iter().find(|(id, _)| id == "refreshed").unwrap().1;
     assert_eq!(score as i64, refreshed["expiresAt"].as_i64().unwrap());
-    let state = h.pool.state().await.unwrap();
+    let state = common::model::pool_state(&h.pool).await.unwrap();
     assert_eq!(state.index.len(), 5, "{:?}", state.index);
 
     let before = h.snapshot().await;
@@ -149,7 +149,14 @@ async fn prune_is_bounded_per_call() {
     assert_eq!(rest.records, 5);
     assert!(rest.complete);
     assert_eq!(first.index_entries + rest.index_entries, 25);
-    assert_eq!(h.pool.state().await.unwrap().index.len(), 2);
+    assert_eq!(
+        common::model::pool_state(&h.pool)
+            .await
+            .unwrap()
+            .index
+            .len(),
+        2
+    );
 }
 
 /// Per combination, inventory counts the index entries with at least

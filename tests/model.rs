@@ -7,16 +7,18 @@
 
 mod common;
 
+use common::model::{MemoryPool, pool_state};
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use proxy_pool::extraction::{ExtractRequest, Filters, Fulfillment};
+use proxy_pool::extraction::{ExtractRequest, Filters};
 use proxy_pool::local::RedisServer;
 use proxy_pool::pool::{
-    ContractOp, ExtractionOutcome, ExtractionQuery, IdempotencyScope, MemoryPool, NewProxy,
-    RedisPool,
+    ContractOp, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, NewProxy,
+    RedisPool, Selection,
 };
 
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
@@ -321,8 +323,12 @@ async fn step(
                 reserve: *reserve,
                 min_remaining_ttl: MIN_TTL,
                 max_health_check_age: MAX_HEALTH_AGE,
-                filters: &filters,
-                upstreams: upstream_set.as_ref(),
+                selection: Selection {
+                    protocols: &filters.protocols,
+                    regions: &filters.regions,
+                    carriers: &filters.carriers,
+                    upstreams: upstream_set.as_ref(),
+                },
                 request_id: &format!("req-{n}"),
                 idempotency: key.map(|k| IdempotencyScope {
                     key: proxy_pool::pool::keys::idempotency("model", &format!("key-{k}")),
@@ -400,7 +406,7 @@ async fn step(
             prop_assert_eq!(real, model.apply(&op, real.at_ms), "step {}: {:?}", n, op);
         }
     }
-    let state = pool.state().await.unwrap();
+    let state = pool_state(pool).await.unwrap();
     prop_assert_eq!(&state, &model.state(), "state after step {}: {:?}", n, op);
     Ok(())
 }

@@ -388,7 +388,7 @@ async fn serve(
         }
     };
     config.redis_url = Some(url.clone());
-    let pool = RedisPool::from_config(&url, &config)?;
+    let pool = RedisPool::with_options(&url, &config.redis_options())?;
     if private.is_some() {
         pool.upsert(&demo_proxies(demo_size, now_ms())).await?;
         tokio::spawn(refresh_demo(pool.clone(), demo_size));
@@ -414,7 +414,7 @@ async fn serve(
         return Err("serve needs --clients FILE or PROXY_POOL_CLIENTS_SECRET_ID (or PROXY_POOL_AUTH_SCHEMES=none)".into());
     };
     let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
-    let app = Arc::new(App::new(&config, pool, Arc::new(guard)));
+    let app = Arc::new(App::new(config.settings(), pool, Arc::new(guard)));
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
     println!("proxy-pool serve: listening on http://{addr}, pool in {origin}");
@@ -443,7 +443,7 @@ fn parse_time(s: &str) -> Result<i64, Box<dyn std::error::Error>> {
 /// connects (cluster mode, CA file, timeouts from the environment).
 fn operator_pool(redis_url: &str) -> Result<(Config, RedisPool), Box<dyn std::error::Error>> {
     let config = Config::from_env()?;
-    let pool = RedisPool::from_config(redis_url, &config)?;
+    let pool = RedisPool::with_options(redis_url, &config.redis_options())?;
     Ok((config, pool))
 }
 
@@ -487,7 +487,7 @@ async fn stats(redis_url: &str, min_ttl: Option<u64>, json: bool) -> CliResult {
     let indexed: u64 = inventory.buckets.iter().map(|b| b.indexed).sum();
     if json {
         let doc = serde_json::json!({
-            "at": proxy_pool::extraction::rfc3339(inventory.at_ms),
+            "at": proxy_pool::clock::rfc3339(inventory.at_ms),
             "minRemainingTtlSeconds": min_ttl.as_secs(),
             "eligible": eligible,
             "indexed": indexed,
@@ -540,7 +540,7 @@ async fn stats(redis_url: &str, min_ttl: Option<u64>, json: bool) -> CliResult {
         "eligible {eligible} of {indexed} allocatable (at least {}s left), held by Workers {}, at {}",
         min_ttl.as_secs(),
         inventory.held,
-        proxy_pool::extraction::rfc3339(inventory.at_ms)
+        proxy_pool::clock::rfc3339(inventory.at_ms)
     );
     Ok(())
 }

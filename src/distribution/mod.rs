@@ -10,13 +10,12 @@ use lambda_http::http::{HeaderMap, HeaderValue, Method, Response, StatusCode, he
 use lambda_http::{Body, Request};
 use serde::Serialize;
 
-use crate::config::Config;
 use crate::extraction::{
     ExtractRequest, ExtractionService, Filters, IdempotencyKey, Policy, ServiceError,
 };
 use crate::httpapi::{InvalidParam, Problem, RequestId, json_response};
 use crate::pool::{ExtractionOutcome, RedisPool};
-use crate::security::{Identity, IdentityResolver, RateLimiter};
+use crate::security::{Identity, IdentityResolver, Rate, RateLimiter};
 
 /// The extraction endpoint.
 pub const EXTRACT_PATH: &str = "/api/v1/proxies/extract";
@@ -27,6 +26,19 @@ pub const READY_PATH: &str = "/health/ready";
 
 /// Largest total size of request header names and values.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// What the handler takes from the configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The rules every extraction runs under.
+    pub policy: Policy,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// The limit for all callers together; `None`: off.
+    pub global_rate: Option<Rate>,
+    /// The limit per client unless its registry entry sets one; `None`: off.
+    pub client_rate: Option<Rate>,
+}
 
 /// Everything a request needs, built once per process and shared.
 pub struct App {
@@ -40,13 +52,13 @@ pub struct App {
 
 impl App {
     /// Wires the handler's dependencies.
-    pub fn new(config: &Config, pool: RedisPool, identity: Arc<dyn IdentityResolver>) -> Self {
+    pub fn new(settings: Settings, pool: RedisPool, identity: Arc<dyn IdentityResolver>) -> Self {
         Self {
-            service: ExtractionService::new(Policy::from(config), pool.clone()),
-            limiter: RateLimiter::new(pool.clone(), config.global_rate, config.client_rate),
+            service: ExtractionService::new(settings.policy, pool.clone()),
+            limiter: RateLimiter::new(pool.clone(), settings.global_rate, settings.client_rate),
             pool,
             identity,
-            max_body_bytes: config.max_body_bytes,
+            max_body_bytes: settings.max_body_bytes,
             draining: AtomicBool::new(false),
         }
     }

@@ -6,6 +6,5 @@ mod request;
 mod response;
 mod service;
 
-pub use request::{ExtractRequest, Filters, Fulfillment, MAX_FILTER_VALUES, PROTOCOLS};
-pub use response::{CommittedExtraction, PooledProxy, rfc3339};
+pub use request::{ExtractRequest, Filters, MAX_FILTER_VALUES};
 pub use service::{ExtractionService, IdempotencyKey, Policy, ServiceError};

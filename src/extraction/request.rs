@@ -5,44 +5,12 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::httpapi::{InvalidParam, Problem};
+use crate::pool::{Fulfillment, Protocol};
 
 /// Most values one filter dimension may list.
 pub const MAX_FILTER_VALUES: usize = 64;
 /// Longest region, carrier or upstream name accepted in a filter.
 pub const MAX_FILTER_VALUE_LEN: usize = 64;
-
-/// What to do when fewer proxies are eligible than requested.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Fulfillment {
-    /// Return what is available, possibly none.
-    #[serde(rename = "partial")]
-    Partial,
-    /// Return exactly `count` or nothing (409).
-    #[serde(rename = "allOrNothing")]
-    AllOrNothing,
-}
-
-impl Fulfillment {
-    /// Parses the wire name (`partial`, `allOrNothing`).
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "partial" => Some(Self::Partial),
-            "allOrNothing" => Some(Self::AllOrNothing),
-            _ => None,
-        }
-    }
-
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Partial => "partial",
-            Self::AllOrNothing => "allOrNothing",
-        }
-    }
-}
-
-/// Proxy protocols the pool knows.
-pub const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
 
 /// Validated filters: each list sorted, duplicate-free, empty = no restriction.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -286,7 +254,7 @@ fn decode_filters(object: &Map<String, Value>, faults: &mut Faults) -> Filters {
         out
     };
     Filters {
-        protocols: list("protocols", Some(&PROTOCOLS)),
+        protocols: list("protocols", Some(&Protocol::ALL.map(Protocol::as_str))),
         regions: list("regions", None),
         carriers: list("carriers", None),
         allowed_upstreams: list("allowedUpstreams", None),

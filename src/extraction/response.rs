@@ -1,56 +1,12 @@
-//! The committed result of an extraction and its rendering as the 200 body.
+//! The 200 body rendered from the committed result of an extraction.
 
 use std::collections::BTreeSet;
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-use serde::{Deserialize, Serialize};
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
+use serde::Serialize;
 
-/// A proxy as recorded in the pool (the public part of its record).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PooledProxy {
-    /// Stable proxy id.
-    pub id: String,
-    /// `http`, `https` or `socks5`.
-    pub protocol: String,
-    /// Host name or IP address.
-    pub host: String,
-    /// TCP port.
-    pub port: u16,
-    /// Proxy user, if any.
-    #[serde(default)]
-    pub username: Option<String>,
-    /// Proxy password, if any.
-    #[serde(default)]
-    pub password: Option<String>,
-    /// Region ("" when unknown).
-    #[serde(default)]
-    pub region: String,
-    /// Carrier ("" when unknown).
-    #[serde(default)]
-    pub carrier: String,
-    /// Upstream provider.
-    pub upstream: String,
-    /// Hard expiry, Unix ms.
-    pub expires_at: i64,
-}
-
-/// What one committed extraction recorded: the source of the 200 body,
-/// stored in the idempotency record so a replay renders the same bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CommittedExtraction {
-    /// Request id of the request that committed it.
-    pub request_id: String,
-    /// The `count` asked for.
-    pub requested: u32,
-    /// Redis time of the commit, Unix ms.
-    pub extracted_at: i64,
-    /// The proxies taken, soonest-expiring first.
-    pub proxies: Vec<PooledProxy>,
-}
+use crate::clock::rfc3339;
+use crate::pool::{CommittedExtraction, PooledProxy};
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -89,14 +45,6 @@ const USERINFO: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'.')
     .remove(b'_')
     .remove(b'~');
-
-/// RFC 3339 UTC at whole seconds (floor), e.g. `2026-07-28T10:30:00Z`.
-pub fn rfc3339(unix_ms: i64) -> String {
-    OffsetDateTime::from_unix_timestamp(unix_ms.div_euclid(1000))
-        .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .unwrap_or_default()
-}
 
 impl PooledProxy {
     /// `protocol://user:password@host:port`, userinfo percent-encoded.

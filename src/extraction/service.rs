@@ -2,11 +2,11 @@ use std::collections::BTreeSet;
 
 use lambda_http::http::HeaderMap;
 
-use super::{ExtractRequest, Fulfillment};
-use crate::config::Config;
+use super::ExtractRequest;
 use crate::httpapi::{InvalidParam, Problem};
 use crate::pool::{
-    ExtractionOutcome, ExtractionQuery, IdempotencyScope, PoolError, RedisPool, keys,
+    ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, PoolError, RedisPool,
+    Selection, keys,
 };
 use crate::security::Identity;
 
@@ -53,27 +53,14 @@ pub struct Policy {
     pub max_count_per_request: u32,
     /// Used when the request names no fulfillment.
     pub default_fulfillment: Fulfillment,
-    /// See [`Config::min_remaining_ttl`].
+    /// A proxy handed out lives at least this long.
     pub min_remaining_ttl: std::time::Duration,
-    /// See [`Config::max_health_check_age`].
+    /// Oldest acceptable successful health check.
     pub max_health_check_age: std::time::Duration,
-    /// See [`Config::reserve_for_gateway`].
+    /// Eligible proxies (per request's filters) always left for the Gateway.
     pub reserve_for_gateway: u32,
-    /// See [`Config::idempotency_ttl`].
+    /// How long an `Idempotency-Key` can replay its extraction.
     pub idempotency_ttl: std::time::Duration,
-}
-
-impl From<&Config> for Policy {
-    fn from(c: &Config) -> Self {
-        Self {
-            max_count_per_request: c.max_count_per_request,
-            default_fulfillment: c.default_fulfillment,
-            min_remaining_ttl: c.min_remaining_ttl,
-            max_health_check_age: c.max_health_check_age,
-            reserve_for_gateway: c.reserve_for_gateway,
-            idempotency_ttl: c.idempotency_ttl,
-        }
-    }
 }
 
 /// Applies identity and policy to a request, then runs the atomic extraction.
@@ -122,8 +109,12 @@ impl ExtractionService {
             reserve: self.policy.reserve_for_gateway,
             min_remaining_ttl: self.policy.min_remaining_ttl,
             max_health_check_age: self.policy.max_health_check_age,
-            filters: &request.filters,
-            upstreams: upstreams.as_ref(),
+            selection: Selection {
+                protocols: &request.filters.protocols,
+                regions: &request.filters.regions,
+                carriers: &request.filters.carriers,
+                upstreams: upstreams.as_ref(),
+            },
             request_id,
             idempotency: key.map(|k| IdempotencyScope {
                 key: keys::idempotency(&identity.client_id, k.as_str()),

@@ -17,9 +17,8 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, TlsCertificates, Value};
 use tokio::sync::OnceCell;
 
+use super::error::PoolError;
 use super::keys;
-use super::redis_pool::PoolError;
-use crate::config::Config;
 
 /// How to reach Redis: everything [`super::RedisPool`] needs besides the URL.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,18 +48,6 @@ impl RedisOptions {
             ca_file: None,
             replica_acks: 0,
             replica_ack_timeout: Duration::ZERO,
-        }
-    }
-}
-
-impl From<&Config> for RedisOptions {
-    fn from(c: &Config) -> Self {
-        Self {
-            timeout: c.redis_timeout,
-            cluster: c.redis_cluster,
-            ca_file: c.redis_ca_file.clone(),
-            replica_acks: c.replica_acks,
-            replica_ack_timeout: c.replica_ack_timeout,
         }
     }
 }

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use super::redis_pool::{PoolError, RedisPool};
+use super::error::PoolError;
+use super::redis_pool::RedisPool;
 use super::scripts;
 
 /// One operation on one proxy.

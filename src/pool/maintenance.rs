@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::redis_pool::{PoolError, RedisPool};
+use super::error::PoolError;
+use super::redis_pool::RedisPool;
 use super::scripts;
 
 /// Largest batch one `lua/prune.lua` call accepts (it bounds the script's run time).

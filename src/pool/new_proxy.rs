@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::extraction::PROTOCOLS;
+use super::query::Protocol;
 
 /// Longest proxy id.
 const MAX_ID_LEN: usize = 128;
@@ -124,11 +124,8 @@ impl NewProxy {
             ));
         }
         let protocol = string(&o, "protocol")?.ok_or("`protocol` is required")?;
-        if !PROTOCOLS.contains(&protocol.as_str()) {
-            return Err(format!(
-                "`protocol` must be one of {}",
-                PROTOCOLS.join(", ")
-            ));
+        if Protocol::parse(&protocol).is_none() {
+            return Err(format!("`protocol` must be one of {}", Protocol::names()));
         }
         let host = string(&o, "host")?.ok_or("`host` is required")?;
         if !valid_host(&host) {

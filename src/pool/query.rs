@@ -189,4 +189,3 @@ pub struct CommittedExtraction {
     /// The proxies taken, soonest-expiring first.
     pub proxies: Vec<PooledProxy>,
 }
-

@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::{FromRedisValue, RedisError, Script, ScriptInvocation};
+use redis::{FromRedisValue, Script, ScriptInvocation};
 use serde::Serialize;
 
 use super::connection::{PoolConnection, RedisOptions};
+use super::error::PoolError;
 use super::keys;
 use super::new_proxy::{NewProxy, UpsertStatus};
+use super::query::{CommittedExtraction, ExtractionOutcome, ExtractionQuery};
 use super::scripts;
-use crate::config::Config;
-use crate::extraction::{CommittedExtraction, Filters, Fulfillment};
 
 /// After this long without traffic (e.g. a thawed Lambda), or after a failed
 /// call, the connection is PINGed before a script is sent, so a dead socket
@@ -34,107 +34,6 @@ static VERSION: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
          return string.match(redis.call('INFO', 'server'), 'redis_version:([%d%.]+)') or ''",
     )
 });
-
-/// Why the pool could not answer. Messages carry Redis error kinds and codes,
-/// never Redis error text or topology.
-#[derive(Debug, thiserror::Error)]
-pub enum PoolError {
-    /// Redis is unreachable, too slow, out of memory, busy or read-only: retry later (503).
-    #[error("redis unavailable: {0}")]
-    Unavailable(String),
-    /// Anything else: a bug or a damaged pool (500).
-    #[error("redis failure: {0}")]
-    Internal(String),
-}
-
-impl From<RedisError> for PoolError {
-    fn from(e: RedisError) -> Self {
-        const TRANSIENT: [&str; 10] = [
-            "OOM",
-            "BUSY",
-            "LOADING",
-            "READONLY",
-            "MASTERDOWN",
-            "CLUSTERDOWN",
-            "TRYAGAIN",
-            "NOREPLICAS",
-            "MISCONF",
-            "MOVED",
-        ];
-        let code = e.code().unwrap_or("");
-        let what = format!("{:?} {code}", e.kind());
-        if e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || TRANSIENT.contains(&code)
-        {
-            Self::Unavailable(what)
-        } else {
-            Self::Internal(what)
-        }
-    }
-}
-
-/// Where a committed extraction is recorded for replay.
-#[derive(Debug, Clone)]
-pub struct IdempotencyScope {
-    /// The Redis key, from [`keys::idempotency`].
-    pub key: String,
-    /// [`crate::extraction::ExtractRequest::digest`] of the request.
-    pub digest: String,
-    /// How long the record lives.
-    pub ttl: Duration,
-}
-
-/// Everything `lua/extract.lua` needs for one extraction.
-#[derive(Debug, Clone)]
-pub struct ExtractionQuery<'a> {
-    /// Proxies asked for.
-    pub count: u32,
-    /// Effective fulfillment mode.
-    pub fulfillment: Fulfillment,
-    /// Eligible proxies to leave for the Gateway.
-    pub reserve: u32,
-    /// Minimum remaining life of a proxy handed out.
-    pub min_remaining_ttl: Duration,
-    /// Oldest acceptable health check.
-    pub max_health_check_age: Duration,
-    /// Protocol, region and carrier filters (their upstream list is already
-    /// folded into `upstreams`).
-    pub filters: &'a Filters,
-    /// Upstreams the request may draw from; `None` means any.
-    pub upstreams: Option<&'a BTreeSet<String>>,
-    /// Copied into the committed result.
-    pub request_id: &'a str,
-    /// Present when the caller sent an `Idempotency-Key`.
-    pub idempotency: Option<IdempotencyScope>,
-}
-
-/// The script's verdict.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExtractionOutcome {
-    /// Proxies removed from the pool and (if scoped) recorded.
-    Committed(CommittedExtraction),
-    /// The same request was committed before: its result, nothing extracted.
-    Replayed(CommittedExtraction),
-    /// The `Idempotency-Key` was used with another request.
-    KeyReused,
-    /// `allOrNothing` could not be met; `available` = eligible minus reserve.
-    Insufficient {
-        /// What could have been handed out.
-        available: u64,
-        /// The Redis clock it was decided at, Unix ms.
-        at_ms: i64,
-    },
-    /// Committed (or replayed) on the primary, but fewer replicas than
-    /// configured acknowledged it in time: not to be handed to the client,
-    /// since a failover now could lose it and hand the proxies out again.
-    /// The idempotency record (if any) holds the result for a retry.
-    NotReplicated {
-        /// Replicas that did acknowledge.
-        acknowledged: u64,
-    },
-}
 
 #[derive(Serialize)]
 struct ScriptFilters<'a> {
@@ -181,11 +80,6 @@ impl RedisPool {
     /// succeeds while Redis is down; every call is bounded by `timeout`.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, PoolError> {
         Self::with_options(url, &RedisOptions::single(timeout))
-    }
-
-    /// A pool over `url` as the configuration says (cluster, CA, replica acks).
-    pub fn from_config(url: &str, config: &Config) -> Result<Self, PoolError> {
-        Self::with_options(url, &RedisOptions::from(config))
     }
 
     /// A pool over `url` (in cluster mode: comma-separated seed nodes).
@@ -246,10 +140,10 @@ impl RedisPool {
     /// idempotency record in one atomic call.
     pub async fn extract(&self, q: &ExtractionQuery<'_>) -> Result<ExtractionOutcome, PoolError> {
         let filters = ScriptFilters {
-            protocols: restricting(&q.filters.protocols),
-            regions: restricting(&q.filters.regions),
-            carriers: restricting(&q.filters.carriers),
-            upstreams: q.upstreams,
+            protocols: restricting(q.selection.protocols),
+            regions: restricting(q.selection.regions),
+            carriers: restricting(q.selection.carriers),
+            upstreams: q.selection.upstreams,
         };
         let mut inv = scripts::with_pool_keys(&scripts::EXTRACT);
         inv.arg(q.count)

@@ -2,6 +2,8 @@
 //! real handler, and OpenAPI validation of every response.
 #![allow(dead_code)]
 
+pub mod model;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -134,7 +136,7 @@ impl Harness {
         adjust(&mut config);
         let pool = RedisPool::new(&redis.url(), config.redis_timeout).unwrap();
         let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
-        let app = Arc::new(App::new(&config, pool.clone(), Arc::new(guard)));
+        let app = Arc::new(App::new(config.settings(), pool.clone(), Arc::new(guard)));
         Self {
             redis,
             pool,
@@ -267,7 +269,7 @@ pub fn app_over(config: &Config, pool: RedisPool) -> Arc<App> {
         config.sources.clone(),
         RegistryHandle::default(),
     );
-    Arc::new(App::new(config, pool, Arc::new(guard)))
+    Arc::new(App::new(config.settings(), pool, Arc::new(guard)))
 }
 
 /// Settings for a test app: anonymous callers, no rate limits.

@@ -1,20 +1,20 @@
 //! The in-memory reference model of the pool: every operation of the Lua
 //! scripts (`upsert`, `extract`, the contract), written plainly over ordered
-//! maps, with the clock passed in. It is not a store anyone serves from: the
-//! differential property test (`tests/model.rs`) runs random operation
-//! sequences against it and the real scripts and requires identical results
-//! and identical pool state ([`PoolState`]).
+//! maps, with the clock passed in. It is not a store anyone serves from (and
+//! not part of the library the Lambda links): the differential property test
+//! (`tests/model.rs`) runs random operation sequences against it and the
+//! real scripts and requires identical results and identical pool state
+//! ([`PoolState`], read from Redis by [`pool_state`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 use serde_json::Value;
 
-use super::contract::{ContractOp, ContractReply, Verdict};
-use super::keys;
-use super::new_proxy::{NewProxy, UpsertStatus};
-use super::redis_pool::{ExtractionOutcome, ExtractionQuery, PoolError, RedisPool};
-use crate::extraction::{CommittedExtraction, Fulfillment, PooledProxy};
+use proxy_pool::pool::{
+    CommittedExtraction, ContractOp, ContractReply, ExtractionOutcome, ExtractionQuery,
+    Fulfillment, NewProxy, PoolError, PooledProxy, RedisPool, UpsertStatus, Verdict, keys,
+};
 
 /// Everything the pool holds, in a comparable form.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -32,117 +32,112 @@ pub struct PoolState {
     pub expiry: BTreeMap<String, i64>,
 }
 
-impl RedisPool {
-    /// Reads the whole pool (O(pool size): for tests and debugging only),
-    /// and checks that the six index sets describe the same entries: each
-    /// family member stands for a locator of the atom family, `checked`
-    /// holds every indexed locator at its record's health time, `usable`
-    /// those with a safety margin at their `usableUntil` (members of entries
-    /// no longer indexed may linger in both until they fall due).
-    pub async fn state(&self) -> Result<PoolState, PoolError> {
-        let mut conn = self.connection();
-        let details: BTreeMap<String, String> = redis::cmd("HGETALL")
-            .arg(keys::PROXIES)
+/// Reads the whole pool (O(pool size)), and checks that the index sets
+/// describe the same entries: each family member stands for a locator of the
+/// atom family, `checked` holds every indexed locator at its record's health
+/// time, `usable` those with a safety margin at their `usableUntil` (members
+/// of entries no longer indexed may linger in both until they fall due).
+pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
+    let mut conn = pool.connection();
+    let details: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys::PROXIES)
+        .query_async(&mut conn)
+        .await?;
+    let states: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys::STATE)
+        .query_async(&mut conn)
+        .await?;
+    let mut sets = Vec::new();
+    for key in [keys::IX_POOL, keys::IX_REGION, keys::IX_KIND, keys::IX_ATOM] {
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
             .query_async(&mut conn)
             .await?;
-        let states: BTreeMap<String, String> = redis::cmd("HGETALL")
-            .arg(keys::STATE)
-            .query_async(&mut conn)
-            .await?;
-        let mut sets = Vec::new();
-        for key in [keys::IX_POOL, keys::IX_REGION, keys::IX_KIND, keys::IX_ATOM] {
-            let members: Vec<String> = redis::cmd("ZRANGE")
-                .arg(key)
-                .arg(0)
-                .arg(-1)
-                .query_async(&mut conn)
-                .await?;
-            sets.push(members);
-        }
-        let mut scored = Vec::new();
-        for key in [keys::IX_USABLE, keys::IX_CHECKED] {
-            let members: Vec<(String, i64)> = redis::cmd("ZRANGE")
-                .arg(key)
-                .arg(0)
-                .arg(-1)
-                .arg("WITHSCORES")
-                .query_async(&mut conn)
-                .await?;
-            scored.push(members);
-        }
-        let held: BTreeMap<String, String> = redis::cmd("HGETALL")
-            .arg(keys::HELD)
-            .query_async(&mut conn)
-            .await?;
-        let expiry: Vec<(String, i64)> = redis::cmd("ZRANGE")
-            .arg(keys::EXPIRY)
+        sets.push(members);
+    }
+    let mut scored = Vec::new();
+    for key in [keys::IX_USABLE, keys::IX_CHECKED] {
+        let members: Vec<(String, i64)> = redis::cmd("ZRANGE")
+            .arg(key)
             .arg(0)
             .arg(-1)
             .arg("WITHSCORES")
             .query_async(&mut conn)
             .await?;
-        let json = |v: &str| serde_json::from_str(v).unwrap_or(Value::String(v.to_owned()));
-        let mut records: BTreeMap<String, Value> = BTreeMap::new();
-        for (id, state) in &states {
-            let mut record = json(state);
-            if let Some(fields) = record.as_object_mut() {
-                if fields.get("status").and_then(Value::as_str) == Some("EXTRACTED") {
-                    fields.insert("id".into(), id.as_str().into());
-                } else if let Some(Value::Object(d)) = details.get(id).map(|d| json(d)) {
-                    fields.extend(d);
-                }
-            }
-            records.insert(id.clone(), record);
-        }
-        // Details without a state, or left after an extraction, show as such.
-        for (id, d) in &details {
-            let extracted = records
-                .get(id)
-                .is_none_or(|r| r.get("status").and_then(Value::as_str) == Some("EXTRACTED"));
-            if extracted {
-                records.insert(format!("{id} (details left over)"), json(d));
-            }
-        }
-        let index: BTreeSet<String> = sets[3].iter().cloned().collect();
-        let disagree =
-            |what: &str| Err(PoolError::Internal(format!("index sets disagree: {what}")));
-        for (family, members) in ["pool", "region", "kind"].iter().zip(&sets) {
-            let locators: Option<BTreeSet<String>> =
-                members.iter().map(|m| locator_from(family, m)).collect();
-            if locators.as_ref() != Some(&index) {
-                return disagree(family);
-            }
-        }
-        let field = |loc: &str, name: &str| -> Option<i64> {
-            let id = loc.rsplit('|').next()?;
-            records.get(id)?.get(name)?.as_i64()
-        };
-        // Every indexed entry has its members in the time sets, at its
-        // record's times; members of entries no longer indexed may linger
-        // until they fall due.
-        let checked: BTreeMap<&str, i64> =
-            scored[1].iter().map(|(m, s)| (m.as_str(), *s)).collect();
-        if index
-            .iter()
-            .any(|l| checked.get(l.as_str()).copied() != field(l, "healthCheckedAt"))
-        {
-            return disagree("checked");
-        }
-        let usable: BTreeMap<&str, i64> = scored[0].iter().map(|(m, s)| (m.as_str(), *s)).collect();
-        for loc in &index {
-            let until = field(loc, "usableUntil");
-            let margin = until != field(loc, "expiresAt");
-            if usable.get(loc.as_str()).copied() != until.filter(|_| margin) {
-                return disagree("usable");
-            }
-        }
-        Ok(PoolState {
-            records,
-            index,
-            held,
-            expiry: expiry.into_iter().collect(),
-        })
+        scored.push(members);
     }
+    let held: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys::HELD)
+        .query_async(&mut conn)
+        .await?;
+    let expiry: Vec<(String, i64)> = redis::cmd("ZRANGE")
+        .arg(keys::EXPIRY)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await?;
+    let json = |v: &str| serde_json::from_str(v).unwrap_or(Value::String(v.to_owned()));
+    let mut records: BTreeMap<String, Value> = BTreeMap::new();
+    for (id, state) in &states {
+        let mut record = json(state);
+        if let Some(fields) = record.as_object_mut() {
+            if fields.get("status").and_then(Value::as_str) == Some("EXTRACTED") {
+                fields.insert("id".into(), id.as_str().into());
+            } else if let Some(Value::Object(d)) = details.get(id).map(|d| json(d)) {
+                fields.extend(d);
+            }
+        }
+        records.insert(id.clone(), record);
+    }
+    // Details without a state, or left after an extraction, show as such.
+    for (id, d) in &details {
+        let extracted = records
+            .get(id)
+            .is_none_or(|r| r.get("status").and_then(Value::as_str) == Some("EXTRACTED"));
+        if extracted {
+            records.insert(format!("{id} (details left over)"), json(d));
+        }
+    }
+    let index: BTreeSet<String> = sets[3].iter().cloned().collect();
+    let disagree = |what: &str| Err(PoolError::Internal(format!("index sets disagree: {what}")));
+    for (family, members) in ["pool", "region", "kind"].iter().zip(&sets) {
+        let locators: Option<BTreeSet<String>> =
+            members.iter().map(|m| locator_from(family, m)).collect();
+        if locators.as_ref() != Some(&index) {
+            return disagree(family);
+        }
+    }
+    let field = |loc: &str, name: &str| -> Option<i64> {
+        let id = loc.rsplit('|').next()?;
+        records.get(id)?.get(name)?.as_i64()
+    };
+    // Every indexed entry has its members in the time sets, at its
+    // record's times; members of entries no longer indexed may linger
+    // until they fall due.
+    let checked: BTreeMap<&str, i64> = scored[1].iter().map(|(m, s)| (m.as_str(), *s)).collect();
+    if index
+        .iter()
+        .any(|l| checked.get(l.as_str()).copied() != field(l, "healthCheckedAt"))
+    {
+        return disagree("checked");
+    }
+    let usable: BTreeMap<&str, i64> = scored[0].iter().map(|(m, s)| (m.as_str(), *s)).collect();
+    for loc in &index {
+        let until = field(loc, "usableUntil");
+        let margin = until != field(loc, "expiresAt");
+        if usable.get(loc.as_str()).copied() != until.filter(|_| margin) {
+            return disagree("usable");
+        }
+    }
+    Ok(PoolState {
+        records,
+        index,
+        held,
+        expiry: expiry.into_iter().collect(),
+    })
 }
 
 /// The locator a member of an index family stands for (see `lua/prelude.lua`).
@@ -260,7 +255,7 @@ impl MemoryPool {
         Self::default()
     }
 
-    /// The pool's state, as [`RedisPool::state`] reads the real one.
+    /// The pool's state, as [`pool_state`] reads the real one.
     pub fn state(&self) -> PoolState {
         PoolState {
             records: self
@@ -355,11 +350,12 @@ impl MemoryPool {
             };
         }
         let wanted = |list: &[String], v: &str| list.is_empty() || list.iter().any(|w| w == v);
+        let s = &q.selection;
         let matches = |r: &Record| {
-            wanted(&q.filters.protocols, &r.protocol)
-                && wanted(&q.filters.regions, &r.region)
-                && wanted(&q.filters.carriers, &r.carrier)
-                && q.upstreams.is_none_or(|u| u.contains(&r.upstream))
+            wanted(s.protocols, &r.protocol)
+                && wanted(s.regions, &r.region)
+                && wanted(s.carriers, &r.carrier)
+                && s.upstreams.is_none_or(|u| u.contains(&r.upstream))
         };
         let from = now + (q.min_remaining_ttl.as_millis() as i64).max(1);
         let health_cutoff = now - q.max_health_check_age.as_millis() as i64;
