@@ -88,9 +88,12 @@ fn script_reply() -> String {
         .map_or(0, |d| d.as_millis() as i64);
     let records: Vec<String> = (0..10)
         .map(|i| {
-            let mut json: serde_json::Value =
-                serde_json::from_str(&synthetic_proxy(i, now, PoolShape::SMALL).to_script_arg())
-                    .unwrap_or_default();
+            let mut json: serde_json::Value = serde_json::from_str(
+                &synthetic_proxy(i, now, PoolShape::SMALL)
+                    .to_script_arg()
+                    .unwrap_or_default(),
+            )
+            .unwrap_or_default();
             if let Some(fields) = json.as_object_mut() {
                 for state in ["usableUntil", "healthOk", "healthCheckedAt"] {
                     fields.remove(state);
@@ -176,7 +179,7 @@ fn handler(c: &mut Criterion) {
             let digest = key.map(|_| decoded.digest(Fulfillment::Partial));
             let filters = serde_json::to_string(&decoded.filters).ok()?;
             let done: CommittedExtraction = serde_json::from_str(black_box(&reply)).ok()?;
-            let response = json_response(StatusCode::OK, done.render(), &id);
+            let response = json_response(StatusCode::OK, done.render().unwrap_or_default(), &id);
             access_log(id.as_str(), &identity.client_id, &done);
             Some((digest, filters, response))
         })

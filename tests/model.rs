@@ -332,7 +332,7 @@ async fn step(
                 request_id: &format!("req-{n}"),
                 idempotency: key.map(|k| IdempotencyScope {
                     key: proxy_pool::pool::keys::idempotency("model", &format!("key-{k}")),
-                    digest: request.digest(fulfillment),
+                    digest: request.digest(fulfillment).unwrap(),
                     ttl: Duration::from_secs(600),
                 }),
             };

@@ -13,9 +13,9 @@ use serde::Serialize;
 use crate::extraction::{
     ExtractRequest, ExtractionService, Filters, IdempotencyKey, Policy, ServiceError,
 };
-use crate::httpapi::{InvalidParam, Problem, RequestId, json_response};
-use crate::pool::{ExtractionOutcome, RedisPool};
-use crate::security::{Identity, IdentityResolver, Rate, RateLimiter};
+use crate::httpapi::{InvalidParam, Problem, RequestId, json_response, to_json};
+use crate::pool::{ExtractionOutcome, PoolError, RedisPool};
+use crate::security::{Identity, IdentityResolver, Rate, RateLimiter, Refusal};
 
 /// The extraction endpoint.
 pub const EXTRACT_PATH: &str = "/api/v1/proxies/extract";
@@ -156,7 +156,7 @@ async fn route(
     match path {
         EXTRACT_PATH if method == Method::POST => extract(app, request, request_id, log).await,
         EXTRACT_PATH => Err(Problem::method_not_allowed("POST")),
-        LIVE_PATH if method == Method::GET => Ok(health(request_id)),
+        LIVE_PATH if method == Method::GET => health(request_id),
         READY_PATH if method == Method::GET => ready(app, request_id).await,
         LIVE_PATH | READY_PATH => Err(Problem::method_not_allowed("GET")),
         _ => Err(Problem::not_found()),
@@ -169,24 +169,20 @@ struct Health {
     version: &'static str,
 }
 
-fn health(request_id: &RequestId) -> Response<Body> {
+fn health(request_id: &RequestId) -> Result<Response<Body>, Problem> {
     let body = Health {
         status: "ok",
         version: env!("CARGO_PKG_VERSION"),
     };
-    json_response(
-        StatusCode::OK,
-        serde_json::to_string(&body).unwrap_or_default(),
-        request_id,
-    )
+    Ok(json_response(StatusCode::OK, to_json(&body)?, request_id))
 }
 
 async fn ready(app: &App, request_id: &RequestId) -> Result<Response<Body>, Problem> {
     if app.is_draining() {
         return Err(Problem::unavailable("the service is draining"));
     }
-    app.pool.ping().await.map_err(Problem::from)?;
-    Ok(health(request_id))
+    app.pool.ping().await.map_err(pool_problem)?;
+    health(request_id)
 }
 
 async fn extract(
@@ -200,7 +196,14 @@ async fn extract(
     }
     let identity = app.identity.resolve(&request)?;
     log.client_id = Some(identity.client_id.clone());
-    let limits = app.limiter.admit(&identity).await?;
+    let limits = app
+        .limiter
+        .admit(&identity)
+        .await
+        .map_err(|refusal| match refusal {
+            Refusal::Limited(problem) => problem,
+            Refusal::Pool(e) => pool_problem(e),
+        })?;
     // Admitted: every answer from here on tells the client how to pace itself.
     let mut response = match admitted(app, &request, &identity, request_id, log).await {
         Ok(response) => response,
@@ -241,18 +244,18 @@ async fn admitted(
         .await
         .map_err(|e| match e {
             ServiceError::Rejected(problem) => problem,
-            ServiceError::Pool(e) => Problem::from(e),
+            ServiceError::Pool(e) => pool_problem(e),
         })?;
     match outcome {
         ExtractionOutcome::Committed(done) => {
             log.returned = Some(done.proxies.len());
             log.upstreams = Some(done.upstreams().into_iter().collect::<Vec<_>>().join(","));
-            Ok(json_response(StatusCode::OK, done.render(), request_id))
+            Ok(json_response(StatusCode::OK, done.render()?, request_id))
         }
         ExtractionOutcome::Replayed(done) => {
             log.replayed = true;
             log.returned = Some(done.proxies.len());
-            let mut response = json_response(StatusCode::OK, done.render(), request_id);
+            let mut response = json_response(StatusCode::OK, done.render()?, request_id);
             response
                 .headers_mut()
                 .insert("idempotent-replayed", HeaderValue::from_static("true"));
@@ -270,6 +273,22 @@ async fn admitted(
         ExtractionOutcome::Insufficient { available, .. } => {
             log.returned = Some(0);
             Err(Problem::insufficient_proxies(decoded.count, available))
+        }
+    }
+}
+
+/// The one place a pool failure becomes an answer: a 503 (retry later) or a
+/// cause-free 500. The cause (Redis error kinds and codes, never their text)
+/// is logged here.
+fn pool_problem(e: PoolError) -> Problem {
+    match e {
+        PoolError::Unavailable(_) => {
+            tracing::warn!(error = %e, "pool unavailable");
+            Problem::unavailable("the proxy pool is unavailable, retry later")
+        }
+        PoolError::Internal(_) => {
+            tracing::error!(error = %e, "pool failure");
+            Problem::internal()
         }
     }
 }

@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::httpapi::{InvalidParam, Problem};
+use crate::httpapi::{InvalidParam, Problem, to_json};
 use crate::pool::{Fulfillment, Protocol};
 
 /// Most values one filter dimension may list.
@@ -128,7 +128,7 @@ impl ExtractRequest {
 
     /// SHA-256 (hex) of the canonical request: count, effective fulfillment,
     /// filters sorted with empty lists dropped. Equal requests, equal digests.
-    pub fn digest(&self, effective: Fulfillment) -> String {
+    pub fn digest(&self, effective: Fulfillment) -> Result<String, Problem> {
         #[derive(Serialize)]
         struct Canonical<'a> {
             count: u32,
@@ -140,8 +140,7 @@ impl ExtractRequest {
             fulfillment: effective,
             filters: &self.filters,
         };
-        let json = serde_json::to_vec(&canonical).unwrap_or_default();
-        hex::encode(Sha256::digest(json))
+        Ok(hex::encode(Sha256::digest(to_json(&canonical)?)))
     }
 }
 
@@ -351,16 +350,16 @@ mod tests {
         let b = decode(r#"{"filters":{"regions":["a","b"]},"count":2}"#).unwrap();
         let c = decode(r#"{"count":3,"filters":{"regions":["a","b"]}}"#).unwrap();
         assert_eq!(
-            a.digest(Fulfillment::Partial),
-            b.digest(Fulfillment::Partial)
+            a.digest(Fulfillment::Partial).unwrap(),
+            b.digest(Fulfillment::Partial).unwrap()
         );
         assert_ne!(
-            a.digest(Fulfillment::Partial),
-            b.digest(Fulfillment::AllOrNothing)
+            a.digest(Fulfillment::Partial).unwrap(),
+            b.digest(Fulfillment::AllOrNothing).unwrap()
         );
         assert_ne!(
-            a.digest(Fulfillment::Partial),
-            c.digest(Fulfillment::Partial)
+            a.digest(Fulfillment::Partial).unwrap(),
+            c.digest(Fulfillment::Partial).unwrap()
         );
     }
 }

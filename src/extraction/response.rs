@@ -6,6 +6,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Serialize;
 
 use crate::clock::rfc3339;
+use crate::httpapi::{Problem, to_json};
 use crate::pool::{CommittedExtraction, PooledProxy};
 
 #[derive(Serialize)]
@@ -69,7 +70,7 @@ impl PooledProxy {
 
 impl CommittedExtraction {
     /// The response body. Deterministic, so a replay is byte for byte the same.
-    pub fn render(&self) -> String {
+    pub fn render(&self) -> Result<String, Problem> {
         let extracted_at = rfc3339(self.extracted_at);
         let body = ExtractResponse {
             request_id: &self.request_id,
@@ -95,7 +96,7 @@ impl CommittedExtraction {
                 })
                 .collect(),
         };
-        serde_json::to_string(&body).unwrap_or_default()
+        to_json(&body)
     }
 
     /// The distinct upstreams handed out (for the access log).
@@ -143,7 +144,7 @@ mod tests {
             extracted_at: 1_785_234_517_900,
             proxies: vec![proxy()],
         };
-        let body: serde_json::Value = serde_json::from_str(&c.render()).unwrap();
+        let body: serde_json::Value = serde_json::from_str(&c.render().unwrap()).unwrap();
         assert_eq!(body["returned"], 1);
         let p = &body["proxies"][0];
         assert_eq!(p["expiresAt"], "2026-07-28T10:30:00Z");

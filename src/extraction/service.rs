@@ -116,11 +116,16 @@ impl ExtractionService {
                 upstreams: upstreams.as_ref(),
             },
             request_id,
-            idempotency: key.map(|k| IdempotencyScope {
-                key: keys::idempotency(&identity.client_id, k.as_str()),
-                digest: request.digest(fulfillment),
-                ttl: self.policy.idempotency_ttl,
-            }),
+            idempotency: match key {
+                Some(k) => Some(IdempotencyScope {
+                    key: keys::idempotency(&identity.client_id, k.as_str()),
+                    digest: request
+                        .digest(fulfillment)
+                        .map_err(ServiceError::Rejected)?,
+                    ttl: self.policy.idempotency_ttl,
+                }),
+                None => None,
+            },
         };
         Ok(self.pool.extract(&query).await?)
     }

@@ -8,6 +8,17 @@ pub use request_id::RequestId;
 
 use lambda_http::Body;
 use lambda_http::http::{HeaderValue, Response, StatusCode, header};
+use serde::Serialize;
+
+/// Serialises `value` as JSON. A failure (impossible for the plain structs
+/// this crate serialises, but never silent) is logged and answered as a
+/// cause-free 500.
+pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String, Problem> {
+    serde_json::to_string(value).map_err(|e| {
+        tracing::error!(error = %e, "a response could not be serialised");
+        Problem::internal()
+    })
+}
 
 /// Builds a JSON response carrying the request id; never cached, since
 /// extraction responses hold live credentials.

@@ -3,7 +3,6 @@ use lambda_http::http::{HeaderName, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 
 use super::{RequestId, respond};
-use crate::pool::PoolError;
 
 /// Base of every problem `type` URI.
 const TYPE_BASE: &str = "https://proxy-pool.local/problems/";
@@ -241,28 +240,19 @@ impl Problem {
             request_id: request_id.as_str(),
             invalid_params: &self.invalid_params,
         };
-        let json = serde_json::to_string(&body).unwrap_or_default();
+        // The fallback is itself a problem document (for a 500 that cannot be
+        // serialised, which never happens with these plain fields).
+        let json = serde_json::to_string(&body).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "a problem could not be serialised");
+            format!(
+                r#"{{"type":"{TYPE_BASE}internal-error","title":"Internal error","status":500,"code":"INTERNAL_ERROR","detail":"internal error","requestId":"{}"}}"#,
+                request_id.as_str()
+            )
+        });
         let mut response = respond(self.status, "application/problem+json", json, request_id);
         for (name, value) in self.headers {
             response.headers_mut().append(name, value);
         }
         response
-    }
-}
-
-/// A pool failure is a 503 (retry later) or a cause-free 500; the cause,
-/// Redis error kinds and codes only, is logged here.
-impl From<PoolError> for Problem {
-    fn from(e: PoolError) -> Self {
-        match e {
-            PoolError::Unavailable(_) => {
-                tracing::warn!(error = %e, "pool unavailable");
-                Problem::unavailable("the proxy pool is unavailable, retry later")
-            }
-            PoolError::Internal(_) => {
-                tracing::error!(error = %e, "pool failure");
-                Problem::internal()
-            }
-        }
     }
 }

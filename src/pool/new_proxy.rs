@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use super::error::PoolError;
 use super::query::Protocol;
 
 /// Longest proxy id.
@@ -180,8 +181,9 @@ impl NewProxy {
     }
 
     /// The JSON argument `lua/upsert.lua` takes.
-    pub fn to_script_arg(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
+    pub fn to_script_arg(&self) -> Result<String, PoolError> {
+        serde_json::to_string(self)
+            .map_err(|e| PoolError::Internal(format!("a proxy could not be serialised: {e}")))
     }
 }
 

@@ -64,6 +64,26 @@ pub struct RedisPool {
     version_checked: Arc<AtomicBool>,
 }
 
+/// One rate limit for [`RedisPool::admit`] (GCRA).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limit<'a> {
+    /// The Redis key holding its state, e.g. [`keys::RATE_GLOBAL`].
+    pub key: &'a str,
+    /// Milliseconds per request at the sustained rate (may be fractional).
+    pub interval_ms: f64,
+    /// Requests admissible at once from a full bucket.
+    pub burst: u32,
+}
+
+/// Where one limit stands after a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitState {
+    /// Requests still admissible right now.
+    pub remaining: u64,
+    /// Milliseconds until the bucket is full again.
+    pub reset_ms: u64,
+}
+
 /// The rate limiter's verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
@@ -71,8 +91,8 @@ pub struct Admission {
     pub admitted: bool,
     /// When refused: how long until it would be admitted.
     pub retry_after_ms: u64,
-    /// Per limit, in order: requests still admissible, ms until full again.
-    pub limits: Vec<(u64, u64)>,
+    /// Per limit, in the order given.
+    pub limits: Vec<LimitState>,
 }
 
 impl RedisPool {
@@ -151,7 +171,9 @@ impl RedisPool {
             .arg(q.reserve)
             .arg(q.min_remaining_ttl.as_millis() as u64)
             .arg(q.max_health_check_age.as_millis() as u64)
-            .arg(serde_json::to_string(&filters).unwrap_or_default())
+            .arg(serde_json::to_string(&filters).map_err(|e| {
+                PoolError::Internal(format!("filters could not be serialised: {e}"))
+            })?)
             .arg(q.request_id);
         if let Some(scope) = &q.idempotency {
             // With replica acks, a replay rewrites its record's expiry (same
@@ -249,7 +271,7 @@ impl RedisPool {
         }
         let mut inv = scripts::with_pool_keys(&scripts::UPSERT);
         for p in batch {
-            inv.arg(p.to_script_arg());
+            inv.arg(p.to_script_arg()?);
         }
         let reply: Vec<String> = self.invoke(&inv, true).await?;
         let bad = || PoolError::Internal("unexpected upsert reply".into());
@@ -264,12 +286,14 @@ impl RedisPool {
         Ok((statuses, now.parse().map_err(|_| bad())?))
     }
 
-    /// Runs `lua/ratelimit.lua` over `limits` (key, ms per request, burst):
-    /// admitted only if every limit admits, and only then charged.
-    pub async fn admit(&self, limits: &[(&str, f64, u32)]) -> Result<Admission, PoolError> {
+    /// Runs `lua/ratelimit.lua` over `limits`: admitted only if every limit
+    /// admits, and only then charged.
+    pub async fn admit(&self, limits: &[Limit<'_>]) -> Result<Admission, PoolError> {
         let mut inv = scripts::RATELIMIT.prepare_invoke();
-        for (key, interval_ms, burst) in limits {
-            inv.key(*key).arg(interval_ms.to_string()).arg(*burst);
+        for limit in limits {
+            inv.key(limit.key)
+                .arg(limit.interval_ms.to_string())
+                .arg(limit.burst);
         }
         // A repeat after a lost reply charges the limit twice at worst.
         let reply: Vec<i64> = self.invoke(&inv, true).await?;
@@ -284,7 +308,10 @@ impl RedisPool {
             retry_after_ms: (*retry_after).max(0) as u64,
             limits: rest
                 .chunks(2)
-                .map(|p| (p[0].max(0) as u64, p[1].max(0) as u64))
+                .map(|p| LimitState {
+                    remaining: p[0].max(0) as u64,
+                    reset_ms: p[1].max(0) as u64,
+                })
                 .collect(),
         })
     }

@@ -9,7 +9,7 @@ pub mod registry;
 mod source;
 
 pub use auth::{AuthSchemes, Guard, RegistryHandle, SourcePolicy};
-pub use ratelimit::{Rate, RateLimitHeaders, RateLimiter};
+pub use ratelimit::{Rate, RateLimitHeaders, RateLimiter, Refusal};
 pub use registry::{ClientRegistry, RegistryError};
 pub use source::{PeerAddr, canonical_ip, client_ip, peer_ip};
 

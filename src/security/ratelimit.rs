@@ -5,7 +5,7 @@ use lambda_http::http::{HeaderName, HeaderValue};
 
 use super::Identity;
 use crate::httpapi::Problem;
-use crate::pool::{RedisPool, keys};
+use crate::pool::{Limit, PoolError, RedisPool, keys};
 
 /// A limit: a sustained rate with a burst allowance.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -71,6 +71,15 @@ pub struct RateLimiter {
 /// on the response of an admitted request.
 pub type RateLimitHeaders = Vec<(HeaderName, HeaderValue)>;
 
+/// Why a request was not admitted.
+#[derive(Debug)]
+pub enum Refusal {
+    /// Over a limit: the 429 (with `Retry-After`) to answer with.
+    Limited(Problem),
+    /// The limits could not be checked: they fail closed.
+    Pool(PoolError),
+}
+
 impl RateLimiter {
     /// Limits over `pool`; `None` disables a limit.
     pub fn new(pool: RedisPool, global: Option<Rate>, client_default: Option<Rate>) -> Self {
@@ -81,10 +90,10 @@ impl RateLimiter {
         }
     }
 
-    /// Admits `identity`'s request or answers 429 (with `Retry-After`) or
-    /// 503 (Redis unavailable: limits fail closed). Nothing is charged to
-    /// any limit unless every limit admits the request.
-    pub async fn admit(&self, identity: &Identity) -> Result<RateLimitHeaders, Problem> {
+    /// Admits `identity`'s request, or refuses it: over a limit, or Redis
+    /// unavailable (limits fail closed). Nothing is charged to any limit
+    /// unless every limit admits the request.
+    pub async fn admit(&self, identity: &Identity) -> Result<RateLimitHeaders, Refusal> {
         let mut applied = Vec::with_capacity(2);
         if let Some(rate) = self.global {
             applied.push(Applied {
@@ -103,12 +112,16 @@ impl RateLimiter {
         if applied.is_empty() {
             return Ok(Vec::new());
         }
-        let limits: Vec<(&str, f64, u32)> = applied
+        let limits: Vec<Limit> = applied
             .iter()
-            .map(|a| (a.key.as_str(), a.rate.interval_ms(), a.rate.burst))
+            .map(|a| Limit {
+                key: &a.key,
+                interval_ms: a.rate.interval_ms(),
+                burst: a.rate.burst,
+            })
             .collect();
         // Limits fail closed: no Redis, no admission.
-        let verdict = self.pool.admit(&limits).await.map_err(Problem::from)?;
+        let verdict = self.pool.admit(&limits).await.map_err(Refusal::Pool)?;
         let policy = applied
             .iter()
             .map(|a| {
@@ -124,8 +137,13 @@ impl RateLimiter {
         let state = applied
             .iter()
             .zip(&verdict.limits)
-            .map(|(a, (remaining, reset_ms))| {
-                format!("\"{}\";r={remaining};t={}", a.name, reset_ms.div_ceil(1000))
+            .map(|(a, limit)| {
+                format!(
+                    "\"{}\";r={};t={}",
+                    a.name,
+                    limit.remaining,
+                    limit.reset_ms.div_ceil(1000)
+                )
             })
             .collect::<Vec<_>>()
             .join(", ");
@@ -143,7 +161,10 @@ impl RateLimiter {
             Ok(headers)
         } else {
             let retry_after = verdict.retry_after_ms.div_ceil(1000).max(1);
-            Err(Problem::too_many_requests(retry_after, headers))
+            Err(Refusal::Limited(Problem::too_many_requests(
+                retry_after,
+                headers,
+            )))
         }
     }
 }
