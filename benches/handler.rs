@@ -18,10 +18,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use criterion::{Criterion, criterion_group, criterion_main};
 use lambda_http::Body;
 use lambda_http::http::{Request, StatusCode};
-use proxy_pool::bench::{PoolShape, synthetic_proxy};
 use proxy_pool::distribution::EXTRACT_PATH;
 use proxy_pool::extraction::{ExtractRequest, IdempotencyKey};
 use proxy_pool::httpapi::{RequestId, json_response};
+use proxy_pool::local::{PoolShape, synthetic_proxy};
 use proxy_pool::pool::{CommittedExtraction, Fulfillment};
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{

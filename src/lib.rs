@@ -20,11 +20,7 @@
 //! * [`server`]: the plain HTTP server behind `proxy-pool serve`.
 //! * [`local`]: a private `redis-server` and a demo pool for running locally.
 //! * [`telemetry`]: tracing set-up (JSON in Lambda, text locally).
-//! * [`bench`](mod@bench): `proxy-pool bench`, extraction throughput and latency
-//!   through [`distribution::handle`] against a trivial `EVALSHA` on the
-//!   same Redis.
 
-pub mod bench;
 pub mod clock;
 pub mod config;
 pub mod distribution;
@@ -37,4 +33,5 @@ pub mod scheduled;
 pub mod secrets;
 pub mod security;
 pub mod server;
+pub mod startup;
 pub mod telemetry;

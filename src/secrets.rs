@@ -86,7 +86,23 @@ impl RegistrySource {
 pub async fn start_registry(source: RegistrySource, period: Duration) -> RegistryHandle {
     let handle = RegistryHandle::default();
     refresh(&source, &handle).await;
-    let background = handle.clone();
+    watch(source, period, handle.clone());
+    handle
+}
+
+/// Like [`start_registry`], but a failed first load is an error now (a
+/// local file named on the command line), not a 503 later.
+pub async fn start_registry_strict(
+    source: RegistrySource,
+    period: Duration,
+) -> Result<RegistryHandle, String> {
+    let handle = RegistryHandle::with(source.load().await?);
+    watch(source, period, handle.clone());
+    Ok(handle)
+}
+
+/// Reloads `source` into `handle` every `period`, in the background.
+fn watch(source: RegistrySource, period: Duration, background: RegistryHandle) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -96,7 +112,6 @@ pub async fn start_registry(source: RegistrySource, period: Duration) -> Registr
             refresh(&source, &background).await;
         }
     });
-    handle
 }
 
 /// One load attempt into `handle`; true when it succeeded.

@@ -6,5 +6,5 @@ mod request;
 mod response;
 mod service;
 
-pub use request::{ExtractRequest, Filters, MAX_FILTER_VALUES};
+pub use request::{ExtractRequest, Filters};
 pub use service::{ExtractionService, IdempotencyKey, Policy, ServiceError};

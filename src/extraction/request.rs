@@ -8,9 +8,9 @@ use crate::httpapi::{InvalidParam, Problem, to_json};
 use crate::pool::{Fulfillment, Protocol};
 
 /// Most values one filter dimension may list.
-pub const MAX_FILTER_VALUES: usize = 64;
+const MAX_FILTER_VALUES: usize = 64;
 /// Longest region, carrier or upstream name accepted in a filter.
-pub const MAX_FILTER_VALUE_LEN: usize = 64;
+const MAX_FILTER_VALUE_LEN: usize = 64;
 
 /// Validated filters: each list sorted, duplicate-free, empty = no restriction.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

@@ -1,36 +1,176 @@
-use crate::pool::NewProxy;
+//! Synthetic proxies on TEST-NET addresses: the demo pool `serve` starts
+//! with, and the pools `proxy-pool bench` fills, from one generator.
 
-const REGIONS: [&str; 3] = ["shanghai", "beijing", "guangzhou"];
+use crate::pool::{NewProxy, Protocol};
+
+/// Regions of small shapes; larger ones use `city-000`, `city-001`, ...
+const NAMED_REGIONS: [&str; 3] = ["shanghai", "beijing", "guangzhou"];
 const CARRIERS: [&str; 3] = ["telecom", "unicom", "mobile"];
-const UPSTREAMS: [&str; 2] = ["provider-a", "provider-b"];
-const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
+const UPSTREAMS: [&str; 3] = ["provider-a", "provider-b", "provider-c"];
 /// The three documentation ranges (RFC 5737): never real hosts.
 const TEST_NETS: [&str; 3] = ["192.0.2", "198.51.100", "203.0.113"];
 
-/// `n` synthetic proxies on TEST-NET addresses, healthy as of `now_ms`,
-/// expiring 10 to 60 minutes from it, spread over every filter dimension.
+/// How a synthetic pool spreads over protocol x region x carrier x upstream
+/// combinations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolShape {
+    /// Regions (named up to 3, else `city-NNN`).
+    pub regions: usize,
+    /// Carriers (1..=3).
+    pub carriers: usize,
+    /// Upstreams (1..=3).
+    pub upstreams: usize,
+}
+
+impl PoolShape {
+    /// The demo pool: 54 combinations (3 protocols x shanghai, beijing,
+    /// guangzhou x 3 carriers x 2 upstreams).
+    pub const DEMO: Self = Self {
+        regions: 3,
+        carriers: 3,
+        upstreams: 2,
+    };
+
+    /// 18 combinations: 3 protocols x 3 regions x 1 carrier x 2 upstreams.
+    pub const SMALL: Self = Self {
+        regions: 3,
+        carriers: 1,
+        upstreams: 2,
+    };
+
+    /// Protocol x region x carrier x upstream combinations.
+    pub fn combinations(&self) -> usize {
+        Protocol::ALL.len() * self.regions * self.carriers * self.upstreams
+    }
+
+    /// `18`, or a multiple of 27 (a city-keyed pool: 3 protocols x n/27
+    /// cities x 3 carriers x 3 upstreams, e.g. 2700 or 10800).
+    pub fn parse(s: &str) -> Result<Self, ShapeError> {
+        let n: usize = s.trim().parse().map_err(|_| ShapeError)?;
+        match n {
+            18 => Ok(Self::SMALL),
+            n if n >= 27 && n % 27 == 0 && n <= 27 * 10_000 => Ok(Self {
+                regions: n / 27,
+                carriers: 3,
+                upstreams: 3,
+            }),
+            _ => Err(ShapeError),
+        }
+    }
+
+    /// The name of region `i` (modulo the number of regions).
+    pub fn region(&self, i: usize) -> String {
+        let i = i % self.regions;
+        if self.regions <= NAMED_REGIONS.len() {
+            NAMED_REGIONS[i].to_owned()
+        } else {
+            format!("city-{i:03}")
+        }
+    }
+
+    /// The name of carrier `i` (modulo the number of carriers).
+    pub fn carrier(&self, i: usize) -> &'static str {
+        CARRIERS[i % self.carriers]
+    }
+
+    /// The name of upstream `i` (modulo the number of upstreams).
+    pub fn upstream(&self, i: usize) -> &'static str {
+        UPSTREAMS[i % self.upstreams]
+    }
+}
+
+/// A number of combinations [`PoolShape::parse`] does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "combinations are 18 or a multiple of 27 up to 270000 (3 protocols x cities x 3 carriers x 3 upstreams)"
+)]
+pub struct ShapeError;
+
+/// The synthetic proxy number `seq` of a pool of `shape`: its combination
+/// round-robin (protocol varies fastest, then region, carrier, upstream),
+/// healthy as of `now_ms`, expiring 10 to 60 minutes from it in an order
+/// unrelated to `seq`, with a 30 s safety margin.
+pub fn synthetic_proxy(seq: usize, now_ms: i64, shape: PoolShape) -> NewProxy {
+    let combination = seq % shape.combinations();
+    let (protocol, rest) = (combination % 3, combination / 3);
+    let (region, rest) = (rest % shape.regions, rest / shape.regions);
+    let (carrier, upstream) = (rest % shape.carriers, rest / shape.carriers);
+    let expires_at = now_ms + 600_000 + (seq as i64 * 7_919 % 3_000) * 1_000;
+    NewProxy {
+        id: format!("px_demo_{seq:05}"),
+        protocol: Protocol::ALL[protocol].as_str().into(),
+        host: format!("{}.{}", TEST_NETS[seq / 250 % 3], seq % 250 + 1),
+        port: 8000 + (seq % 1000) as u16,
+        username: Some(format!("user{seq}")),
+        password: Some(format!(
+            "demo-pass-{:08x}",
+            (seq as u64).wrapping_mul(0x9e37_79b9) as u32
+        )),
+        region: shape.region(region),
+        carrier: shape.carrier(carrier).into(),
+        upstream: shape.upstream(upstream).into(),
+        expires_at,
+        usable_until: expires_at - 30_000,
+        health_ok: true,
+        health_checked_at: now_ms,
+    }
+}
+
+/// `n` proxies of the demo pool ([`PoolShape::DEMO`]), healthy as of `now_ms`.
 pub fn demo_proxies(n: usize, now_ms: i64) -> Vec<NewProxy> {
     (0..n)
-        .map(|i| {
-            let expires_at = now_ms + 600_000 + (i as i64 * 7_919 % 3_000) * 1_000;
-            NewProxy {
-                id: format!("px_demo_{i:05}"),
-                protocol: PROTOCOLS[i % 3].into(),
-                host: format!("{}.{}", TEST_NETS[i / 250 % 3], i % 250 + 1),
-                port: 8000 + (i % 1000) as u16,
-                username: Some(format!("user{i}")),
-                password: Some(format!(
-                    "demo-pass-{:08x}",
-                    (i as u64).wrapping_mul(0x9e37_79b9) as u32
-                )),
-                region: REGIONS[i / 3 % 3].into(),
-                carrier: CARRIERS[i / 9 % 3].into(),
-                upstream: UPSTREAMS[i / 27 % 2].into(),
-                expires_at,
-                usable_until: expires_at - 30_000,
-                health_ok: true,
-                health_checked_at: now_ms,
-            }
-        })
+        .map(|i| synthetic_proxy(i, now_ms, PoolShape::DEMO))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A synthetic pool covers every combination of its shape.
+    #[test]
+    fn spreads_over_every_combination() {
+        for shape in [
+            PoolShape::DEMO,
+            PoolShape::SMALL,
+            PoolShape::parse("2700").unwrap(),
+            PoolShape::parse("10800").unwrap(),
+        ] {
+            let n = shape.combinations();
+            let seen: std::collections::BTreeSet<String> = (0..n * 2)
+                .map(|i| {
+                    let p = synthetic_proxy(i, 0, shape);
+                    format!("{}|{}|{}|{}", p.protocol, p.region, p.carrier, p.upstream)
+                })
+                .collect();
+            assert_eq!(seen.len(), n, "{shape:?}");
+        }
+        assert_eq!(PoolShape::parse("10800").unwrap().combinations(), 10_800);
+        assert!(PoolShape::parse("20").is_err());
+        assert!(PoolShape::parse("many").is_err());
+    }
+
+    /// The demo pool is the shape `events/README.md` was written for.
+    #[test]
+    fn the_demo_pool_keeps_its_attributes() {
+        let p = demo_proxies(60, 1_000_000);
+        assert_eq!(
+            (
+                p[0].protocol.as_str(),
+                p[0].region.as_str(),
+                p[0].carrier.as_str()
+            ),
+            ("http", "shanghai", "telecom")
+        );
+        assert_eq!(
+            (
+                p[31].region.as_str(),
+                p[31].carrier.as_str(),
+                p[31].upstream.as_str()
+            ),
+            ("beijing", "telecom", "provider-b")
+        );
+        assert_eq!(p[5].id, "px_demo_00005");
+        assert!(p.iter().all(|p| p.usable_until == p.expires_at - 30_000));
+    }
 }

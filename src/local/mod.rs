@@ -1,7 +1,8 @@
-//! Running without AWS: a private `redis-server` and a demo pool.
+//! Running without AWS: a private `redis-server`, and synthetic proxies (the
+//! demo pool, and the pools `proxy-pool bench` fills).
 
 mod demo;
 mod redis_server;
 
-pub use demo::demo_proxies;
+pub use demo::{PoolShape, ShapeError, demo_proxies, synthetic_proxy};
 pub use redis_server::{LocalError, RedisServer, TlsFiles};

@@ -33,4 +33,4 @@ pub use query::{
     CommittedExtraction, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope,
     PooledProxy, Protocol, Selection,
 };
-pub use redis_pool::{Admission, Limit, LimitState, RedisPool, UPSERT_BATCH};
+pub use redis_pool::{Admission, Limit, LimitState, RedisPool};

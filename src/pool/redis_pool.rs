@@ -21,7 +21,7 @@ use super::scripts;
 /// is found (and replaced) by a command that is safe to repeat.
 const IDLE_PING_AFTER: Duration = Duration::from_secs(30);
 /// Proxies sent to `lua/upsert.lua` per call.
-pub const UPSERT_BATCH: usize = 500;
+const UPSERT_BATCH: usize = 500;
 /// The oldest Redis the scripts run on (Valkey reports its Redis level):
 /// they use `TIME` before writes, shebang flags and `PEXPIRETIME`.
 const MIN_REDIS: (u32, u32) = (7, 0);

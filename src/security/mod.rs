@@ -11,7 +11,7 @@ mod source;
 pub use auth::{AuthSchemes, Guard, RegistryHandle, SourcePolicy};
 pub use ratelimit::{Rate, RateLimitHeaders, RateLimiter, Refusal};
 pub use registry::{ClientRegistry, RegistryError};
-pub use source::{PeerAddr, canonical_ip, client_ip, peer_ip};
+pub use source::PeerAddr;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

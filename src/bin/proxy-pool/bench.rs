@@ -33,85 +33,38 @@
 //! request (handler + redis-rs + tokio, `getrusage`).
 
 use std::fmt::Write as _;
+use std::io::IsTerminal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use crate::pool::PoolConnection;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lambda_http::Body;
 use lambda_http::http::{Request, StatusCode};
+use proxy_pool::config::Config;
+use proxy_pool::distribution::{self, App, EXTRACT_PATH};
+use proxy_pool::local::{LocalError, PoolShape, RedisServer, synthetic_proxy};
+use proxy_pool::pool::{NewProxy, PoolConnection, PoolError, RedisPool, UpsertStatus, keys};
+use proxy_pool::security::{AuthSchemes, Guard, PeerAddr, RegistryHandle, SourcePolicy};
+
+use crate::CliResult;
+use crate::cli::BenchArgs;
 use redis::Script;
 use serde::Serialize;
 use tokio::task::JoinSet;
 
-use crate::config::Config;
-use crate::distribution::{self, App, EXTRACT_PATH};
-use crate::local::{LocalError, RedisServer};
-use crate::pool::{NewProxy, PoolError, RedisPool, UpsertStatus, keys};
-use crate::security::{AuthSchemes, Guard, PeerAddr, RegistryHandle, SourcePolicy};
-
-/// Protocols of the synthetic pool.
+/// Protocols, in the order synthetic pools use them.
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
-/// Carriers of the synthetic pool (the first `carriers` of them).
-const CARRIERS: [&str; 3] = ["telecom", "unicom", "mobile"];
-/// Upstreams of the synthetic pool (the first `upstreams` of them).
-const UPSTREAMS: [&str; 3] = ["provider-a", "provider-b", "provider-c"];
 
-/// How a synthetic pool spreads over protocol x region x carrier x upstream
-/// combinations (regions are `city-000`, `city-001`, ...).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolShape {
-    /// Regions.
-    pub regions: usize,
-    /// Carriers (1..=3).
-    pub carriers: usize,
-    /// Upstreams (1..=3).
-    pub upstreams: usize,
+fn shape_as_combinations<S: serde::Serializer>(shape: &PoolShape, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(shape.combinations() as u64)
 }
 
-impl PoolShape {
-    /// 18 combinations: 3 protocols x 3 regions x 1 carrier x 2 upstreams.
-    pub const SMALL: Self = Self {
-        regions: 3,
-        carriers: 1,
-        upstreams: 2,
-    };
-
-    /// Protocol x region x carrier x upstream combinations.
-    pub fn combinations(&self) -> usize {
-        PROTOCOLS.len() * self.regions * self.carriers * self.upstreams
-    }
-
-    /// `18`, or a multiple of 27 (a city-keyed pool: 3 protocols x n/27
-    /// cities x 3 carriers x 3 upstreams, e.g. 2700 or 10800).
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let n: usize = s
-            .trim()
-            .parse()
-            .map_err(|_| format!("`{s}` is not a number of combinations"))?;
-        match n {
-            18 => Ok(Self::SMALL),
-            n if n >= 27 && n % 27 == 0 && n <= 27 * 10_000 => Ok(Self {
-                regions: n / 27,
-                carriers: 3,
-                upstreams: 3,
-            }),
-            _ => Err(format!(
-                "`{s}`: combinations are 18 or a multiple of 27 (3 protocols x cities x 3 carriers x 3 upstreams)"
-            )),
-        }
-    }
-
-    fn region(&self, i: usize) -> String {
-        format!("city-{:03}", i % self.regions)
-    }
-}
-
-impl Serialize for PoolShape {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(self.combinations() as u64)
-    }
+fn shapes_as_combinations<S: serde::Serializer>(
+    shapes: &[PoolShape],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(shapes.iter().map(|shape| shape.combinations()))
 }
 
 /// Which filters every request of a cell carries.
@@ -167,12 +120,12 @@ impl FilterShape {
             Self::RegionCarrier => format!(
                 "\"regions\":[\"{}\"],\"carriers\":[\"{}\"]",
                 pool.region(i.wrapping_mul(7_919)),
-                CARRIERS[i % pool.carriers]
+                pool.carrier(i)
             ),
             Self::ProtocolUpstream => format!(
                 "\"protocols\":[\"{}\"],\"allowedUpstreams\":[\"{}\"]",
                 PROTOCOLS[i % 3],
-                UPSTREAMS[i / 3 % pool.upstreams]
+                pool.upstream(i / 3)
             ),
         };
         format!("{{\"count\":{count},\"filters\":{{{filters}}}}}")
@@ -188,7 +141,8 @@ const FILL_IN_FLIGHT: usize = 4;
 pub struct Plan {
     /// Pool sizes N.
     pub sizes: Vec<usize>,
-    /// Pool shapes (serialised as their number of combinations).
+    /// Pool shapes (serialised as their numbers of combinations).
+    #[serde(serialize_with = "shapes_as_combinations")]
     pub combinations: Vec<PoolShape>,
     /// Filter shapes.
     pub filters: Vec<FilterShape>,
@@ -251,6 +205,65 @@ impl Plan {
     }
 }
 
+/// `bench`: checks the arguments, runs the plan they describe, prints the
+/// report (a table, or JSON).
+pub async fn command(args: BenchArgs) -> CliResult {
+    let mut plan = if args.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
+    };
+    if !args.sizes.is_empty() {
+        plan.sizes = args.sizes;
+    }
+    if !args.combinations.is_empty() {
+        plan.combinations = args.combinations;
+    }
+    if !args.filters.is_empty() {
+        plan.filters = args.filters;
+    }
+    if !args.counts.is_empty() {
+        plan.counts = args.counts;
+    }
+    if !args.concurrency.is_empty() {
+        plan.concurrency = args.concurrency;
+    }
+    plan.seconds = args.seconds.unwrap_or(plan.seconds);
+    plan.max_requests = args.max_requests.unwrap_or(plan.max_requests);
+    plan.baseline_seconds = args.baseline_seconds.unwrap_or(plan.baseline_seconds);
+    plan.idempotency = args.idempotency;
+    if plan.counts.iter().any(|c| !(1..=1000).contains(c))
+        || plan.concurrency.iter().any(|c| !(1..=1024).contains(c))
+        || !(plan.seconds > 0.0 && plan.baseline_seconds > 0.0)
+        || plan.max_requests == 0
+    {
+        return Err(
+            "counts must be 1..=1000, concurrency 1..=1024, seconds and requests > 0".into(),
+        );
+    }
+    let target = match args.redis_url {
+        Some(_) if !args.flush => {
+            return Err(
+                "--redis-url: the bench flushes that Redis database; add --flush to allow it"
+                    .into(),
+            );
+        }
+        Some(url) => Target::Url(url),
+        None => Target::Private,
+    };
+    if cfg!(debug_assertions) {
+        eprintln!("proxy-pool bench: this is a debug build; measure with --release");
+    }
+    let progress = Progress::new(std::io::stderr().is_terminal());
+    let report = run(plan, target, progress).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
 /// Why the bench could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -281,6 +294,7 @@ pub struct Cell {
     /// Pool size N.
     pub pool: usize,
     /// Its shape (serialised as its number of combinations).
+    #[serde(serialize_with = "shape_as_combinations")]
     pub combinations: PoolShape,
     /// The requests' filters.
     pub filter: FilterShape,
@@ -332,7 +346,8 @@ pub struct Cell {
 pub struct Fill {
     /// Pool size N.
     pub pool: usize,
-    /// Its shape.
+    /// Its shape (serialised as its number of combinations).
+    #[serde(serialize_with = "shape_as_combinations")]
     pub combinations: PoolShape,
     /// Seconds to add N proxies.
     pub seconds: f64,
@@ -420,37 +435,6 @@ impl Progress {
             bar.finish_and_clear();
         }
     }
-}
-
-/// The synthetic proxy number `seq`: TEST-NET-2 addresses, one of the
-/// `shape`'s combinations (round-robin), expiring 15 to 45 minutes after
-/// `now_ms` in an order unrelated to `seq`, healthy as of `now_ms`.
-pub fn synthetic_proxy(seq: u64, now_ms: i64, shape: PoolShape) -> NewProxy {
-    let mix = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
-    let expires_at = now_ms + 900_000 + (mix % 1_800_000) as i64;
-    let combination = (seq as usize) % shape.combinations();
-    let regions = shape.regions;
-    NewProxy {
-        id: format!("bench-{seq:010}"),
-        protocol: PROTOCOLS[combination % 3].into(),
-        host: format!("198.51.100.{}", seq % 254 + 1),
-        port: 10_000 + (seq % 50_000) as u16,
-        username: Some(format!("u{seq}")),
-        password: Some(format!("pw-{:012x}", mix & 0xffff_ffff_ffff)),
-        region: shape.region(combination / 3),
-        carrier: CARRIERS[combination / (3 * regions) % shape.carriers].into(),
-        upstream: UPSTREAMS[combination / (3 * regions * shape.carriers) % shape.upstreams].into(),
-        expires_at,
-        usable_until: expires_at - 30_000,
-        health_ok: true,
-        health_checked_at: now_ms,
-    }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Everything a run shares.
@@ -622,7 +606,7 @@ impl Bench {
     /// Adds `n` fresh synthetic proxies, several upsert calls in flight.
     async fn add(&self, n: usize, show: bool) -> Result<(), BenchError> {
         let first = self.next_seq.fetch_add(n as u64, Ordering::Relaxed);
-        let now = now_ms();
+        let now = proxy_pool::clock::now_ms();
         let shape = self.shape();
         let mut tasks = JoinSet::new();
         let mut start = 0;
@@ -633,7 +617,7 @@ impl Bench {
                 let from = first + start as u64;
                 tasks.spawn(async move {
                     let batch: Vec<NewProxy> = (from..from + len as u64)
-                        .map(|seq| synthetic_proxy(seq, now, shape))
+                        .map(|seq| synthetic_proxy(seq as usize, now, shape))
                         .collect();
                     let statuses = pool.upsert(&batch).await?;
                     let added = statuses
@@ -928,14 +912,12 @@ fn info_field(info: &str, name: &str) -> Option<String> {
 }
 
 /// User + system CPU time of this process (Linux), seconds.
+/// CPU time this process has run, from the kernel's scheduler statistics
+/// (`/proc/self/schedstat`: nanoseconds on a CPU, first field).
 fn process_cpu_seconds() -> Option<f64> {
-    // SAFETY: getrusage only writes the struct it is given.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return None;
-    }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Some(secs(usage.ru_utime) + secs(usage.ru_stime))
+    let stat = std::fs::read_to_string("/proc/self/schedstat").ok()?;
+    let ns: f64 = stat.split_whitespace().next()?.parse().ok()?;
+    Some(ns / 1e9)
 }
 
 /// `VmHWM` of this process (Linux), KiB.
@@ -1087,28 +1069,6 @@ mod tests {
         assert_eq!(percentile(&v, 0.999), 999);
         assert_eq!(percentile(&[7], 0.999), 7);
         assert_eq!(percentile(&[], 0.5), 0);
-    }
-
-    /// A synthetic pool covers every combination of its shape.
-    #[test]
-    fn synthetic_pool_spreads_over_its_combinations() {
-        for text in ["18", "2700", "10800"] {
-            let shape = PoolShape::parse(text).unwrap();
-            let n = shape.combinations();
-            assert_eq!(n.to_string(), text);
-            let seen: std::collections::BTreeSet<String> = (0..n as u64 * 2)
-                .map(|i| {
-                    let p = synthetic_proxy(i, 0, shape);
-                    format!("{}|{}|{}|{}", p.protocol, p.region, p.carrier, p.upstream)
-                })
-                .collect();
-            assert_eq!(seen.len(), n, "{text}");
-        }
-        let p = synthetic_proxy(12345, 1_000_000, PoolShape::SMALL);
-        assert!(p.expires_at >= 1_000_000 + 900_000 && p.expires_at < 1_000_000 + 2_700_000);
-        assert!(p.usable_until < p.expires_at);
-        assert!(PoolShape::parse("20").is_err());
-        assert!(PoolShape::parse("many").is_err());
     }
 
     /// Filter shapes parse by name and name values the pool holds.

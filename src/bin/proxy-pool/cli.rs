@@ -1,0 +1,239 @@
+//! The command line: every command and its arguments.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use proxy_pool::local::PoolShape;
+
+use crate::bench::{FilterShape, parse_size};
+
+/// `proxy-pool`.
+#[derive(Parser)]
+#[command(version, about = "Proxy Pool Distribution function, outside Lambda")]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands, grouped as the files that run them.
+#[derive(Subcommand)]
+pub enum Command {
+    /// Serve the Distribution API over plain HTTP. Without a Redis URL it
+    /// starts a private redis-server with a demo pool.
+    Serve(ServeArgs),
+    /// Print the pool's inventory: per combination (protocol, region,
+    /// carrier, upstream), the proxies extraction could draw from, and the
+    /// number held by Gateway Workers.
+    Stats(StatsArgs),
+    /// Remove proxies whose TTL life is over, and index entries past their
+    /// safety margin or PROXY_POOL_MAX_HEALTH_CHECK_AGE_SECONDS, in bounded batches.
+    Prune(PoolArgs),
+    /// Record a health check result (the health checker).
+    Health(HealthArgs),
+    /// A Gateway Worker claims an allocatable, eligible proxy; prints the epoch.
+    Claim(ClaimArgs),
+    /// The Controller publishes DRAINING for a Worker's proxy.
+    Drain(HolderArgs),
+    /// A Worker reports its Active/Reserved use of a DRAINING proxy (0 and 0: DRAINED).
+    Ack(AckArgs),
+    /// Clear the ownership of a DRAINED proxy (it becomes AVAILABLE).
+    Release(HolderArgs),
+    /// Delete a proxy from the pool.
+    Remove(TargetArgs),
+    /// Print the registry entry (`sha256:...`) for an API key, bearer token
+    /// or Basic password read from standard input, or for a new one.
+    HashCredential(HashCredentialArgs),
+    /// Add or refresh proxies from JSON Lines (one proxy a line; `-` = stdin).
+    Load(LoadArgs),
+    /// Add (or refresh) the demo pool `serve` starts with: synthetic proxies on
+    /// TEST-NET addresses, the pool `events/README.md` documents outcomes for.
+    LoadDemo(LoadDemoArgs),
+    /// Measure extraction throughput and latency through the real handler
+    /// against a trivial EVALSHA on the same Redis (see README, Performance).
+    /// Build with --release.
+    Bench(BenchArgs),
+}
+
+/// `serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub listen: SocketAddr,
+    /// Redis holding the pool (default: PROXY_POOL_REDIS_URL, else a private one).
+    #[arg(long, env = "PROXY_POOL_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// Demo proxies loaded into the private Redis.
+    #[arg(long, default_value_t = 300)]
+    pub demo_size: usize,
+    /// Client registry document (JSON, see README). Default with the
+    /// private Redis: one demo client with a fresh API key, printed.
+    #[arg(long)]
+    pub clients: Option<PathBuf>,
+}
+
+/// The pool a command works on.
+#[derive(Args)]
+pub struct PoolArgs {
+    /// Redis holding the pool.
+    #[arg(long, env = "PROXY_POOL_REDIS_URL", hide_env_values = true)]
+    pub redis_url: String,
+}
+
+/// `stats`.
+#[derive(Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// Minimum remaining TTL counted as eligible (default: PROXY_POOL_MIN_REMAINING_TTL_SECONDS).
+    #[arg(long)]
+    pub min_remaining_ttl_seconds: Option<u64>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The pool and the proxy a contract operation is about.
+#[derive(Args)]
+pub struct TargetArgs {
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// The proxy id.
+    pub id: String,
+}
+
+/// `health`.
+#[derive(Args)]
+pub struct HealthArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// The check passed (else failed).
+    #[arg(long)]
+    pub ok: bool,
+    /// When it ran, RFC 3339 (default: the Redis clock now).
+    #[arg(long)]
+    pub checked_at: Option<String>,
+}
+
+/// `claim`.
+#[derive(Args)]
+pub struct ClaimArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// The Worker.
+    #[arg(long)]
+    pub worker: String,
+    /// The Gateway's minimum remaining TTL.
+    #[arg(long, default_value_t = 30)]
+    pub min_remaining_ttl_seconds: u64,
+    /// The Gateway's oldest acceptable health check.
+    #[arg(long, default_value_t = 120)]
+    pub max_health_check_age_seconds: u64,
+}
+
+/// A proxy and the holder an ownership operation names (fencing).
+#[derive(Args)]
+pub struct HolderArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// The Worker believed to hold it.
+    #[arg(long)]
+    pub worker: String,
+    /// The epoch its claim returned.
+    #[arg(long)]
+    pub epoch: u64,
+}
+
+/// `ack`.
+#[derive(Args)]
+pub struct AckArgs {
+    #[command(flatten)]
+    pub holder: HolderArgs,
+    /// Connections in use.
+    #[arg(long)]
+    pub active: u32,
+    /// Connections reserved.
+    #[arg(long)]
+    pub reserved: u32,
+}
+
+/// `hash-credential`.
+#[derive(Args)]
+pub struct HashCredentialArgs {
+    /// Make a new random secret, print it and its hash.
+    #[arg(long)]
+    pub generate: bool,
+    /// Hash a Basic password for this user (as `user:password`).
+    #[arg(long)]
+    pub basic_user: Option<String>,
+}
+
+/// `load`.
+#[derive(Args)]
+pub struct LoadArgs {
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// The JSON Lines file, or `-` for standard input.
+    pub file: String,
+}
+
+/// `load-demo`.
+#[derive(Args)]
+pub struct LoadDemoArgs {
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// Demo proxies to load.
+    #[arg(long, default_value_t = 300)]
+    pub size: usize,
+}
+
+/// `bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Use this Redis instead of a private one. Its current database is
+    /// FLUSHED before and after, so --flush must be given too.
+    #[arg(long)]
+    pub redis_url: Option<String>,
+    /// Allow the bench to FLUSHDB the Redis named by --redis-url.
+    #[arg(long)]
+    pub flush: bool,
+    /// Pool sizes (e.g. 1k,100k,1M; default 1M).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    pub sizes: Vec<usize>,
+    /// Pool shapes, as protocol x region x carrier x upstream
+    /// combinations: 18, or a multiple of 27 for a city-keyed pool
+    /// (default 18,2700,10800).
+    #[arg(long, value_delimiter = ',', value_parser = PoolShape::parse)]
+    pub combinations: Vec<PoolShape>,
+    /// Filter shapes: none, region, region-carrier, protocol-upstream (default all).
+    #[arg(long, value_delimiter = ',', value_parser = FilterShape::parse)]
+    pub filters: Vec<FilterShape>,
+    /// Proxies per request (e.g. 1,10,100).
+    #[arg(long, value_delimiter = ',')]
+    pub counts: Vec<u32>,
+    /// Concurrent tasks (e.g. 1,8,64; default 8).
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Timed extraction seconds per cell (default 1.5; --quick 0.3).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Most timed requests per cell (default 20000; --quick 300).
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Trivial EVALSHA seconds per cell, half before and half after (default 1; --quick 0.2).
+    #[arg(long)]
+    pub baseline_seconds: Option<f64>,
+    /// Send a fresh Idempotency-Key with every request (the script then
+    /// also reads and writes the idempotency record).
+    #[arg(long)]
+    pub idempotency: bool,
+    /// A smoke run: N=1k, 18 combinations, no filters, counts 1,10, C 1,8,
+    /// a few hundred requests per cell.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,65 @@
+//! `proxy-pool`: run the Distribution function locally and operate the pool.
+//!
+//! One file per command group: [`cli`] (every command and its arguments),
+//! [`serve`], [`load`] (`load`, `load-demo`), [`stats`] (`stats`, `prune`),
+//! [`contract`] (`health`, `claim`, `drain`, `ack`, `release`, `remove`),
+//! [`credentials`] (`hash-credential`) and [`bench`].
+
+mod bench;
+mod cli;
+mod contract;
+mod credentials;
+mod load;
+mod serve;
+mod stats;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use proxy_pool::config::Config;
+use proxy_pool::pool::RedisPool;
+
+use cli::{Cli, Command, PoolArgs};
+
+/// What every command returns: an error is printed and exits 1.
+type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if matches!(cli.command, Command::Bench(_)) {
+        proxy_pool::telemetry::init_discarding();
+    } else {
+        proxy_pool::telemetry::init(false);
+    }
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(args).await,
+        Command::Stats(args) => stats::stats(args).await,
+        Command::Prune(args) => stats::prune(args).await,
+        Command::Health(args) => contract::health(args).await,
+        Command::Claim(args) => contract::claim(args).await,
+        Command::Drain(args) => contract::drain(args).await,
+        Command::Ack(args) => contract::ack(args).await,
+        Command::Release(args) => contract::release(args).await,
+        Command::Remove(args) => contract::remove(args).await,
+        Command::HashCredential(args) => credentials::hash(args),
+        Command::Load(args) => load::load(args).await,
+        Command::LoadDemo(args) => load::load_demo(args).await,
+        Command::Bench(args) => bench::command(args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("proxy-pool: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The settings and a pool over the given Redis, connected as every
+/// command connects (cluster mode, CA file, timeouts from the environment).
+fn operator_pool(args: &PoolArgs) -> Result<(Config, RedisPool), Box<dyn std::error::Error>> {
+    let config = Config::from_env()?;
+    let pool = RedisPool::with_options(&args.redis_url, &config.redis_options())?;
+    Ok((config, pool))
+}

@@ -1,0 +1,87 @@
+//! What the Lambda function and `proxy-pool serve` both do before serving,
+//! done the same way for both: the Redis URL (possibly from a Secrets
+//! Manager secret) and the client registry (Secrets Manager, a local file,
+//! or a fixed one), chosen by the same rules.
+
+use std::path::PathBuf;
+
+use crate::config::Config;
+use crate::secrets::{
+    RegistrySource, SecretStore, redis_url_from_secret, start_registry, start_registry_strict,
+};
+use crate::security::{ClientRegistry, RegistryHandle};
+
+/// Why the process cannot start; names the setting at fault, never a secret.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StartupError(String);
+
+/// A Secrets Manager client, when the configuration names any secret.
+pub async fn secret_store(config: &Config) -> Option<SecretStore> {
+    if config.clients_secret_id.is_some() || config.redis_secret_id.is_some() {
+        Some(SecretStore::from_env().await)
+    } else {
+        None
+    }
+}
+
+/// The Redis URL: from `PROXY_POOL_REDIS_SECRET_ID` if set (combined with
+/// `PROXY_POOL_REDIS_URL` when the secret holds only a password), else
+/// `PROXY_POOL_REDIS_URL`; `None` when neither is set.
+pub async fn redis_url(
+    config: &Config,
+    store: Option<&SecretStore>,
+) -> Result<Option<String>, StartupError> {
+    match (&config.redis_secret_id, store) {
+        (Some(id), Some(store)) => {
+            let secret = store
+                .fetch(id)
+                .await
+                .map_err(|e| StartupError(format!("PROXY_POOL_REDIS_SECRET_ID: {e}")))?;
+            redis_url_from_secret(&secret, config.redis_url.as_deref())
+                .map(Some)
+                .map_err(|e| StartupError(format!("PROXY_POOL_REDIS_SECRET_ID: {e}")))
+        }
+        _ => Ok(config.redis_url.clone()),
+    }
+}
+
+/// A registry the caller has at hand: a local file (`serve --clients`), or
+/// a fixed one (`serve`'s demo client).
+#[derive(Debug, Clone, Default)]
+pub struct LocalRegistry {
+    /// A registry document to load, and reload every refresh period.
+    pub file: Option<PathBuf>,
+    /// Used when nothing else is configured.
+    pub fixed: Option<ClientRegistry>,
+}
+
+/// The client registry, by the first rule that applies: none when the
+/// enabled schemes need none; the local file (a bad one is an error now);
+/// the secret `PROXY_POOL_CLIENTS_SECRET_ID` (reloaded every
+/// `PROXY_POOL_CLIENTS_REFRESH_SECONDS`; a failed first load answers 503
+/// until one succeeds); the fixed registry; else an error.
+pub async fn client_registry(
+    config: &Config,
+    store: Option<SecretStore>,
+    local: LocalRegistry,
+) -> Result<RegistryHandle, StartupError> {
+    if !config.auth_schemes.need_registry() {
+        return Ok(RegistryHandle::default());
+    }
+    if let Some(path) = local.file {
+        return start_registry_strict(RegistrySource::File(path), config.clients_refresh)
+            .await
+            .map_err(StartupError);
+    }
+    if let (Some(id), Some(store)) = (config.clients_secret_id.clone(), store) {
+        let source = RegistrySource::Secret { store, id };
+        return Ok(start_registry(source, config.clients_refresh).await);
+    }
+    if let Some(registry) = local.fixed {
+        return Ok(RegistryHandle::with(registry));
+    }
+    Err(StartupError(
+        "PROXY_POOL_CLIENTS_SECRET_ID: is required when PROXY_POOL_AUTH_SCHEMES enables apiKey, basic or bearer (or give serve --clients FILE)".into(),
+    ))
+}
