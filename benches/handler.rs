@@ -11,6 +11,7 @@
 //! `cli us/req` column includes those).
 //!
 //! `cargo bench --bench handler`; `cargo test --all-targets` runs each once.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: its fixtures are known good
 
 use std::hint::black_box;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,24 +1,43 @@
 //! Proxy Pool Distribution function: hands short-lived proxies out of a Redis
 //! TTL pool, each to exactly one client, in one atomic Lua script call.
 //!
-//! Module map, outside in:
+//! Module map, outside in. Each layer may import only the layers listed
+//! after its arrow (`tests/architecture.rs` reads every `crate::` path in
+//! `src/` and fails on any other edge, so the graph stays a DAG that points
+//! inward). The entrypoints (`src/main.rs`, the CLI in `src/bin/`) wire
+//! everything and may use anything.
 //!
-//! * [`lambda`]: the Lambda function: sorts each event into HTTP (to
-//!   [`distribution`]), the scheduled health check or an error.
-//! * [`scheduled`]: the EventBridge health check: readiness, prune,
-//!   inventory as CloudWatch Embedded Metric Format lines.
-//! * [`distribution`]: the thin HTTP adapter shared by Lambda and `serve`:
-//!   routing, admission, decoding, problem mapping, health.
+//! * [`lambda`] → distribution, scheduled, pool, config: the Lambda
+//!   function: sorts each event into HTTP (to [`distribution`]), the
+//!   scheduled health check, or an error.
+//! * [`server`] → distribution, security: the plain HTTP server behind
+//!   `proxy-pool serve`.
+//! * [`startup`] → config, secrets, security: what the Lambda function and
+//!   `serve` do before serving, the same way: the Redis URL and the client
+//!   registry.
+//! * [`config`] → pool, security, extraction, distribution: typed settings
+//!   from `PROXY_POOL_*` variables, and the plain option structs each layer
+//!   takes (no layer below reads the configuration itself).
+//! * [`scheduled`] → pool, clock: the EventBridge health check: readiness,
+//!   prune, inventory as CloudWatch Embedded Metric Format lines.
+//! * [`secrets`] → security: AWS Secrets Manager: the client registry
+//!   document and Redis credentials.
+//! * [`distribution`] → extraction, security, httpapi, pool: the thin HTTP
+//!   adapter shared by Lambda and `serve`: routing, admission, decoding,
+//!   health, and the one place a pool failure becomes a problem.
+//! * [`extraction`] → security, pool, httpapi, clock: the request and its
+//!   validation, the service applying the caller's identity and the
+//!   server's policy, the rendered body.
+//! * [`security`] → pool, httpapi: who is calling and may they: trusted
+//!   proxies, source control, authentication, the client registry, rate
+//!   limits.
+//! * [`local`] → pool: a private `redis-server` and synthetic proxies (the
+//!   demo pool, the bench's pools).
 //! * [`httpapi`]: request ids, RFC 9457 problems, JSON responses.
-//! * [`security`]: who is calling and may they: trusted proxies, source
-//!   control, authentication, the client registry, rate limits.
-//! * [`extraction`]: request/response types and the service applying policy.
-//! * [`pool`]: the Redis pool: key layout, Lua scripts (`lua/`), adapter,
-//!   and its connection (one server or a Redis Cluster, TLS, replica acks).
-//! * [`config`]: typed settings from `PROXY_POOL_*` variables.
-//! * [`secrets`]: AWS Secrets Manager: client registry and Redis credentials.
-//! * [`server`]: the plain HTTP server behind `proxy-pool serve`.
-//! * [`local`]: a private `redis-server` and a demo pool for running locally.
+//! * [`pool`]: the Redis pool: key layout, Lua scripts (`lua/`), the
+//!   adapter and its connection (one server or a Redis Cluster, TLS, replica
+//!   acks), the contract operations, upkeep.
+//! * [`clock`]: the machine's clock and RFC 3339.
 //! * [`telemetry`]: tracing set-up (JSON in Lambda, text locally).
 
 pub mod clock;

@@ -1,5 +1,6 @@
 //! Identity and admission: every auth scheme, anonymous mode, trusted
 //! proxies, source CIDRs, upstream permissions and shared rate limits.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The `proxy-pool` binary as an operator runs it: `load` from JSON Lines and
 //! `serve` with its embedded default (private Redis, demo pool).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! The pool contract against a real Redis: Worker ownership with fencing
 //! epochs, drain, health results, removal, the exclusion of Worker claims
 //! and client extractions under concurrency, and key lifetimes.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
 

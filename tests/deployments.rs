@@ -1,6 +1,7 @@
 //! The Redis deployments people run: a 3-master Redis Cluster (ElastiCache
 //! cluster mode, Valkey cluster), TLS (`rediss://`, ElastiCache in-transit
 //! encryption) and a primary with a replica (`WAIT` before answering).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
 

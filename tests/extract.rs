@@ -1,5 +1,6 @@
 //! The extraction endpoint against a real Redis: eligibility, reserve,
 //! fulfillment, order, idempotency, concurrency and faults.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! restarted, blocked (`DEBUG SLEEP`), paused (`CLIENT PAUSE`), loses its
 //! scripts (`SCRIPT FLUSH`) and hits `maxmemory`; response timeouts; and a
 //! reply lost after the script committed.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
 

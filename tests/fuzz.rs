@@ -4,6 +4,7 @@
 //! honours the contract; every refusal is a 4xx problem (a 5xx would mean
 //! Redis is down, and it is not). Bounded case counts keep CI fast;
 //! `PROXY_POOL_FUZZ_CASES` raises them for a longer run.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
 

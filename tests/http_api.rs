@@ -1,5 +1,6 @@
 //! The HTTP surface: request validation, problem responses, request ids and
 //! health probes, each checked against the OpenAPI contract by the harness.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Pool upkeep against a real Redis: `lua/prune.lua`, `lua/inventory.lua`
 //! and the scheduled health check built on them.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! retries) and clock advances run against the Lua scripts on a real Redis
 //! and against the in-memory reference model, which must agree on every
 //! result and on the whole pool state after every step.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The client registry and Redis credentials from AWS Secrets Manager,
 //! through a local emulator (moto's server) and the real SDK.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
 

@@ -1,0 +1,132 @@
+//! The module graph points inward: every `crate::` path in the library's
+//! sources names a layer its module may use, as `src/lib.rs` states.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Each layer and the layers it may import (the rule of `src/lib.rs`).
+const RULE: [(&str, &[&str]); 14] = [
+    ("lambda", &["distribution", "scheduled", "pool", "config"]),
+    ("server", &["distribution", "security"]),
+    ("startup", &["config", "secrets", "security"]),
+    (
+        "config",
+        &["pool", "security", "extraction", "distribution"],
+    ),
+    ("scheduled", &["pool", "clock"]),
+    ("secrets", &["security"]),
+    (
+        "distribution",
+        &["extraction", "security", "httpapi", "pool"],
+    ),
+    ("extraction", &["security", "pool", "httpapi", "clock"]),
+    ("security", &["pool", "httpapi"]),
+    ("local", &["pool"]),
+    ("httpapi", &[]),
+    ("pool", &[]),
+    ("clock", &[]),
+    ("telemetry", &[]),
+];
+
+/// `crate::<layer>` edges of every library source file, by the file's layer.
+fn edges() -> BTreeMap<String, BTreeSet<(String, String)>> {
+    let mut out: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let rel = path
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if path.is_dir() {
+                if rel != "bin" {
+                    stack.push(path);
+                }
+                continue;
+            }
+            if rel == "lib.rs" || rel == "main.rs" || !rel.ends_with(".rs") {
+                continue;
+            }
+            let layer = rel
+                .split('/')
+                .next()
+                .unwrap()
+                .trim_end_matches(".rs")
+                .to_owned();
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (at, _) in text.match_indices("crate::") {
+                let name: String = text[at + "crate::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() && name != layer {
+                    out.entry(layer.clone())
+                        .or_default()
+                        .insert((name, rel.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every edge is allowed by the rule, every layer has a rule, and the rule
+/// itself is acyclic.
+#[test]
+fn imports_point_inward() {
+    let rule: BTreeMap<&str, &[&str]> = RULE.into_iter().collect();
+    let mut forbidden = Vec::new();
+    for (layer, deps) in edges() {
+        let allowed = rule
+            .get(layer.as_str())
+            .unwrap_or_else(|| panic!("layer `{layer}` has no rule in src/lib.rs and this test"));
+        for (dep, file) in deps {
+            if !allowed.contains(&dep.as_str()) {
+                forbidden.push(format!("src/{file}: {layer} -> {dep}"));
+            }
+        }
+    }
+    assert!(
+        forbidden.is_empty(),
+        "edges the rule forbids:\n{}",
+        forbidden.join("\n")
+    );
+
+    // Acyclic: layers can be removed in an order where each has no
+    // remaining dependency.
+    let mut left: BTreeMap<&str, BTreeSet<&str>> = rule
+        .iter()
+        .map(|(l, d)| (*l, d.iter().copied().collect()))
+        .collect();
+    while !left.is_empty() {
+        let free: Vec<&str> = left
+            .iter()
+            .filter(|(_, d)| d.is_empty())
+            .map(|(l, _)| *l)
+            .collect();
+        assert!(
+            !free.is_empty(),
+            "the rule has a cycle among {:?}",
+            left.keys()
+        );
+        for l in free {
+            left.remove(l);
+            for d in left.values_mut() {
+                d.remove(l);
+            }
+        }
+    }
+}
+
+/// The test sees the edges it is about (it would pass vacuously otherwise).
+#[test]
+fn the_edges_are_found() {
+    let edges = edges();
+    assert!(edges["distribution"].iter().any(|(d, _)| d == "pool"));
+    assert!(edges["extraction"].iter().any(|(d, _)| d == "httpapi"));
+    assert!(!edges.contains_key("pool"), "{:?}", edges.get("pool"));
+}
