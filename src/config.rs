@@ -252,9 +252,9 @@ impl Config {
             redis_secret_id: get("PROXY_POOL_REDIS_SECRET_ID"),
             auth_schemes: match get("PROXY_POOL_AUTH_SCHEMES") {
                 None => d.auth_schemes,
-                Some(v) => AuthSchemes::parse(&v).map_err(|reason| ConfigError {
+                Some(v) => AuthSchemes::parse(&v).map_err(|e| ConfigError {
                     variable: "PROXY_POOL_AUTH_SCHEMES",
-                    reason,
+                    reason: e.to_string(),
                 })?,
             },
             clients_secret_id: get("PROXY_POOL_CLIENTS_SECRET_ID"),
@@ -299,9 +299,9 @@ fn rate(
 ) -> Result<Option<Rate>, ConfigError> {
     match get(variable) {
         None => Ok(default),
-        Some(v) => Rate::parse(&v).map_err(|reason| ConfigError {
+        Some(v) => Rate::parse(&v).map_err(|e| ConfigError {
             variable,
-            reason: reason.to_owned(),
+            reason: e.to_string(),
         }),
     }
 }

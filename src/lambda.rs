@@ -147,7 +147,7 @@ impl Function {
                 scheduled::emit(&scheduled::metric_lines(
                     &report,
                     function,
-                    scheduled::now_ms(),
+                    crate::clock::now_ms(),
                 ));
                 tracing::info!(
                     lambda_request_id = %context.request_id,
@@ -163,7 +163,7 @@ impl Function {
             Err(e) => {
                 scheduled::emit(&[scheduled::failure_metric_line(
                     function,
-                    scheduled::now_ms(),
+                    crate::clock::now_ms(),
                 )]);
                 tracing::error!(
                     lambda_request_id = %context.request_id,

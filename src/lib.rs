@@ -7,7 +7,7 @@
 //! inward). The entrypoints (`src/main.rs`, the CLI in `src/bin/`) wire
 //! everything and may use anything.
 //!
-//! * [`lambda`] → distribution, scheduled, pool, config: the Lambda
+//! * [`lambda`] → distribution, scheduled, pool, config, clock: the Lambda
 //!   function: sorts each event into HTTP (to [`distribution`]), the
 //!   scheduled health check, or an error.
 //! * [`server`] → distribution, security: the plain HTTP server behind
@@ -34,7 +34,7 @@
 //! * [`local`] → pool: a private `redis-server` and synthetic proxies (the
 //!   demo pool, the bench's pools).
 //! * [`httpapi`]: request ids, RFC 9457 problems, JSON responses.
-//! * [`pool`]: the Redis pool: key layout, Lua scripts (`lua/`), the
+//! * [`pool`] → clock: the Redis pool: key layout, Lua scripts (`lua/`), the
 //!   adapter and its connection (one server or a Redis Cluster, TLS, replica
 //!   acks), the contract operations, upkeep.
 //! * [`clock`]: the machine's clock and RFC 3339.

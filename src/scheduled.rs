@@ -5,7 +5,7 @@
 //! CloudWatch Embedded Metric Format (EMF) lines and as a JSON summary.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -170,13 +170,6 @@ pub fn emit(lines: &[String]) {
         let _ = writeln!(out, "{line}");
     }
     let _ = out.flush();
-}
-
-/// Milliseconds since the Unix epoch by this machine's clock (EMF timestamps).
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn function_dimension(function: &str) -> &str {

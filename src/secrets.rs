@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use aws_sdk_secretsmanager::error::DisplayErrorContext;
 
-use crate::security::{ClientRegistry, RegistryHandle};
+use crate::security::{ClientRegistry, RegistryError, RegistryHandle};
 
 /// A Secrets Manager client (endpoint, region and credentials from the usual
 /// AWS configuration chain, e.g. `AWS_ENDPOINT_URL` for a local emulator).
@@ -67,16 +67,41 @@ pub enum RegistrySource {
     File(PathBuf),
 }
 
+/// Why the registry document could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The secret could not be read.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The document is not a registry (its reason names the field, never a value).
+    #[error(transparent)]
+    Document(#[from] RegistryError),
+}
+
 impl RegistrySource {
     /// Reads and parses the document.
-    pub async fn load(&self) -> Result<ClientRegistry, String> {
+    pub async fn load(&self) -> Result<ClientRegistry, LoadError> {
         let text = match self {
-            Self::Secret { store, id } => store.fetch(id).await.map_err(|e| e.to_string())?,
-            Self::File(path) => tokio::fs::read_to_string(path)
-                .await
-                .map_err(|e| format!("{}: {e}", path.display()))?,
+            Self::Secret { store, id } => store.fetch(id).await?,
+            Self::File(path) => {
+                tokio::fs::read_to_string(path)
+                    .await
+                    .map_err(|source| LoadError::File {
+                        path: path.clone(),
+                        source,
+                    })?
+            }
         };
-        ClientRegistry::parse(&text).map_err(|e| e.to_string())
+        Ok(ClientRegistry::parse(&text)?)
     }
 }
 
@@ -95,7 +120,7 @@ pub async fn start_registry(source: RegistrySource, period: Duration) -> Registr
 pub async fn start_registry_strict(
     source: RegistrySource,
     period: Duration,
-) -> Result<RegistryHandle, String> {
+) -> Result<RegistryHandle, LoadError> {
     let handle = RegistryHandle::with(source.load().await?);
     watch(source, period, handle.clone());
     Ok(handle)
@@ -133,10 +158,24 @@ pub async fn refresh(source: &RegistrySource, handle: &RegistryHandle) -> bool {
     }
 }
 
+/// A Redis secret that yields no URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RedisSecretError {
+    /// A JSON document with neither field.
+    #[error("the Redis secret has neither `url` nor `password`")]
+    Empty,
+    /// A password, but no URL to put it into.
+    #[error("a Redis password secret needs PROXY_POOL_REDIS_URL for the host")]
+    NoBaseUrl,
+    /// The URL to put it into is not a URL.
+    #[error("PROXY_POOL_REDIS_URL is not a URL")]
+    BadBaseUrl,
+}
+
 /// The Redis URL from a Redis secret: `{"url": ..}`, a bare `redis://` URL,
 /// or a password (`{"password": .., "username": ..}` or a bare string) put
 /// into `base` (`PROXY_POOL_REDIS_URL`).
-pub fn redis_url_from_secret(secret: &str, base: Option<&str>) -> Result<String, String> {
+pub fn redis_url_from_secret(secret: &str, base: Option<&str>) -> Result<String, RedisSecretError> {
     let secret = secret.trim();
     let (url, username, password) = match serde_json::from_str::<serde_json::Value>(secret) {
         Ok(serde_json::Value::Object(o)) => {
@@ -151,11 +190,9 @@ pub fn redis_url_from_secret(secret: &str, base: Option<&str>) -> Result<String,
     if let Some(url) = url {
         return Ok(url);
     }
-    let password = password.ok_or("the Redis secret has neither `url` nor `password`")?;
-    let base = base.ok_or("a Redis password secret needs PROXY_POOL_REDIS_URL for the host")?;
-    let (scheme, rest) = base
-        .split_once("://")
-        .ok_or("PROXY_POOL_REDIS_URL is not a URL")?;
+    let password = password.ok_or(RedisSecretError::Empty)?;
+    let base = base.ok_or(RedisSecretError::NoBaseUrl)?;
+    let (scheme, rest) = base.split_once("://").ok_or(RedisSecretError::BadBaseUrl)?;
     let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
     let enc = |s: &str| {
         percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()

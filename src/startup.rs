@@ -72,7 +72,7 @@ pub async fn client_registry(
     if let Some(path) = local.file {
         return start_registry_strict(RegistrySource::File(path), config.clients_refresh)
             .await
-            .map_err(StartupError);
+            .map_err(|e| StartupError(e.to_string()));
     }
     if let (Some(id), Some(store)) = (config.clients_secret_id.clone(), store) {
         let source = RegistrySource::Secret { store, id };

@@ -30,14 +30,6 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn connect(url: &str) -> MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
@@ -92,7 +84,7 @@ async fn record_status(conn: &mut MultiplexedConnection, id: &str) -> Option<Str
 async fn start_cluster() -> Vec<RedisServer> {
     let mut nodes = Vec::new();
     for _ in 0..3 {
-        let bus = free_port().to_string();
+        let bus = proxy_pool::local::free_port().unwrap().to_string();
         let node = RedisServer::start_with(&[
             "--cluster-enabled",
             "yes",

@@ -5,4 +5,4 @@ mod demo;
 mod redis_server;
 
 pub use demo::{PoolShape, ShapeError, demo_proxies, synthetic_proxy};
-pub use redis_server::{LocalError, RedisServer, TlsFiles};
+pub use redis_server::{LocalError, RedisServer, TlsFiles, free_port};

@@ -162,7 +162,8 @@ impl RedisServer {
     }
 }
 
-fn free_port() -> std::io::Result<u16> {
+/// A loopback port free right now (the OS picks it), for a server to bind.
+pub fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())

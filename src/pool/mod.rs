@@ -4,7 +4,7 @@
 //! types of its extraction contract (`query`), the operations the
 //! Controller, health checker and Gateway Workers use (`contract`), and the
 //! upkeep the scheduled health check runs: pruning and inventory
-//! (`maintenance`). It depends on nothing else in the crate.
+//! (`maintenance`). It depends on nothing else in the crate but `clock`.
 //!
 //! Each proxy is its details (`{pp}:proxies`, deleted once handed out) and
 //! its state (`{pp}:state`, a tombstone once extracted); every allocatable,
@@ -28,7 +28,7 @@ pub use connection::{PoolConnection, RedisOptions};
 pub use contract::{ContractOp, ContractReply, Verdict};
 pub use error::PoolError;
 pub use maintenance::{BucketInventory, Inventory, MAX_PRUNE_BATCH, PruneReport};
-pub use new_proxy::{NewProxy, UpsertStatus};
+pub use new_proxy::{LineError, NewProxy, UpsertStatus};
 pub use query::{
     CommittedExtraction, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope,
     PooledProxy, Protocol, Selection,

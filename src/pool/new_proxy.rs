@@ -4,11 +4,10 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use super::error::PoolError;
 use super::query::Protocol;
+use crate::clock::{TimeError, parse_rfc3339};
 
 /// Longest proxy id.
 const MAX_ID_LEN: usize = 128;
@@ -97,71 +96,104 @@ const KNOWN: [&str; 13] = [
     "healthOk",
 ];
 
+/// Why a JSON line is not a proxy. Says what is wrong, never echoes a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LineError {
+    /// Not JSON at all.
+    #[error("not valid JSON (column {0})")]
+    Json(usize),
+    /// JSON, but not an object.
+    #[error("not a JSON object")]
+    NotAnObject,
+    /// A field no proxy has (its name, cut to 64 characters).
+    #[error("unknown field `{0}`")]
+    UnknownField(String),
+    /// A required field is missing.
+    #[error("`{0}` is required")]
+    Missing(&'static str),
+    /// A field's value breaks its rule.
+    #[error("`{field}` must be {rule}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What it must be.
+        rule: String,
+    },
+}
+
+fn invalid(field: &'static str, rule: impl Into<String>) -> LineError {
+    LineError::Invalid {
+        field,
+        rule: rule.into(),
+    }
+}
+
 impl NewProxy {
     /// Parses one JSON line; `now_ms` is the default `healthCheckedAt`.
-    /// The error says what is wrong without echoing any value.
-    pub fn from_json_line(line: &str, now_ms: i64) -> Result<Self, String> {
-        let value: Value = serde_json::from_str(line)
-            .map_err(|e| format!("not valid JSON (column {})", e.column()))?;
+    pub fn from_json_line(line: &str, now_ms: i64) -> Result<Self, LineError> {
+        let value: Value = serde_json::from_str(line).map_err(|e| LineError::Json(e.column()))?;
         let Value::Object(o) = value else {
-            return Err("not a JSON object".into());
+            return Err(LineError::NotAnObject);
         };
         if let Some(k) = o
             .keys()
             .find(|k| !KNOWN.contains(&k.as_str()) && !IGNORED.contains(&k.as_str()))
         {
-            let k: String = k.chars().take(64).collect();
-            return Err(format!("unknown field `{k}`"));
+            return Err(LineError::UnknownField(k.chars().take(64).collect()));
         }
-        let id = string(&o, "id")?.ok_or("`id` is required")?;
+        let id = string(&o, "id")?.ok_or(LineError::Missing("id"))?;
         if id.is_empty()
             || id.len() > MAX_ID_LEN
             || !id
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"._:~-".contains(&b))
         {
-            return Err(format!(
-                "`id` must be 1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 . _ : ~ -"
+            return Err(invalid(
+                "id",
+                format!("1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 . _ : ~ -"),
             ));
         }
-        let protocol = string(&o, "protocol")?.ok_or("`protocol` is required")?;
+        let protocol = string(&o, "protocol")?.ok_or(LineError::Missing("protocol"))?;
         if Protocol::parse(&protocol).is_none() {
-            return Err(format!("`protocol` must be one of {}", Protocol::names()));
+            return Err(invalid("protocol", format!("one of {}", Protocol::names())));
         }
-        let host = string(&o, "host")?.ok_or("`host` is required")?;
+        let host = string(&o, "host")?.ok_or(LineError::Missing("host"))?;
         if !valid_host(&host) {
-            return Err("`host` must be an IP address or a host name".into());
+            return Err(invalid("host", "an IP address or a host name"));
         }
         let port = match o.get("port") {
             Some(Value::Number(n)) => n
                 .as_u64()
                 .filter(|p| (1..=65535).contains(p))
                 .map(|p| p as u16),
-            None => return Err("`port` is required".into()),
+            None => return Err(LineError::Missing("port")),
             Some(_) => None,
         }
-        .ok_or("`port` must be an integer from 1 to 65535")?;
+        .ok_or_else(|| invalid("port", "an integer from 1 to 65535"))?;
         let username = secret(&o, "username")?;
         let password = secret(&o, "password")?;
         let region = name(&o, "region")?.unwrap_or_default();
         let carrier = name(&o, "carrier")?.unwrap_or_default();
-        let upstream = name(&o, "upstream")?.ok_or("`upstream` is required")?;
-        let expires_at = timestamp(&o, "expiresAt")?.ok_or("`expiresAt` is required")?;
+        let upstream = name(&o, "upstream")?.ok_or(LineError::Missing("upstream"))?;
+        let expires_at = timestamp(&o, "expiresAt")?.ok_or(LineError::Missing("expiresAt"))?;
         let margin = match o.get("safetyMarginSeconds") {
             None => 0,
             Some(Value::Number(n)) => n
                 .as_i64()
                 .filter(|m| (0..=MAX_SAFETY_MARGIN_SECONDS).contains(m))
-                .ok_or(format!(
-                    "`safetyMarginSeconds` must be an integer from 0 to {MAX_SAFETY_MARGIN_SECONDS}"
-                ))?,
-            Some(_) => return Err("`safetyMarginSeconds` must be an integer".into()),
+                .ok_or_else(|| {
+                    invalid(
+                        "safetyMarginSeconds",
+                        format!("an integer from 0 to {MAX_SAFETY_MARGIN_SECONDS}"),
+                    )
+                })?,
+            Some(_) => return Err(invalid("safetyMarginSeconds", "an integer")),
         };
         let health_checked_at = timestamp(&o, "healthCheckedAt")?.unwrap_or(now_ms);
         let health_ok = match o.get("healthOk") {
             None => true,
             Some(Value::Bool(b)) => *b,
-            Some(_) => return Err("`healthOk` must be true or false".into()),
+            Some(_) => return Err(invalid("healthOk", "true or false")),
         };
         Ok(Self {
             id,
@@ -187,15 +219,15 @@ impl NewProxy {
     }
 }
 
-fn string(o: &Map<String, Value>, field: &str) -> Result<Option<String>, String> {
+fn string(o: &Map<String, Value>, field: &'static str) -> Result<Option<String>, LineError> {
     match o.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(format!("`{field}` must be a string")),
+        Some(_) => Err(invalid(field, "a string")),
     }
 }
 
-fn name(o: &Map<String, Value>, field: &str) -> Result<Option<String>, String> {
+fn name(o: &Map<String, Value>, field: &'static str) -> Result<Option<String>, LineError> {
     let value = string(o, field)?;
     if let Some(v) = &value
         && (v.is_empty()
@@ -203,37 +235,38 @@ fn name(o: &Map<String, Value>, field: &str) -> Result<Option<String>, String> {
             || v.contains('|')
             || v.chars().any(char::is_control))
     {
-        return Err(format!(
-            "`{field}` must be 1 to {MAX_NAME_LEN} characters without `|` or control characters"
+        return Err(invalid(
+            field,
+            format!("1 to {MAX_NAME_LEN} characters without `|` or control characters"),
         ));
     }
     Ok(value)
 }
 
-fn secret(o: &Map<String, Value>, field: &str) -> Result<Option<String>, String> {
+fn secret(o: &Map<String, Value>, field: &'static str) -> Result<Option<String>, LineError> {
     let value = string(o, field)?;
     if let Some(v) = &value
         && (v.len() > MAX_SECRET_LEN || v.chars().any(char::is_control))
     {
-        return Err(format!(
-            "`{field}` must be at most {MAX_SECRET_LEN} bytes without control characters"
+        return Err(invalid(
+            field,
+            format!("at most {MAX_SECRET_LEN} bytes without control characters"),
         ));
     }
     Ok(value.filter(|v| !v.is_empty()))
 }
 
-fn timestamp(o: &Map<String, Value>, field: &str) -> Result<Option<i64>, String> {
+/// An RFC 3339 field, in 13 digits of milliseconds (the index sorts expiries
+/// as fixed-width text).
+fn timestamp(o: &Map<String, Value>, field: &'static str) -> Result<Option<i64>, LineError> {
     let Some(s) = string(o, field)? else {
         return Ok(None);
     };
-    let t = OffsetDateTime::parse(&s, &Rfc3339)
-        .map_err(|_| format!("`{field}` must be an RFC 3339 timestamp"))?;
-    let ms = t.unix_timestamp_nanos() / 1_000_000;
-    // 13 digits of milliseconds: the index sorts expiries as fixed-width text.
-    if !(0..10_000_000_000_000).contains(&ms) {
-        return Err(format!("`{field}` is out of range"));
+    match parse_rfc3339(&s) {
+        Ok(ms) => Ok(Some(ms)),
+        Err(TimeError::Format) => Err(invalid(field, "an RFC 3339 timestamp")),
+        Err(TimeError::Range) => Err(invalid(field, "between 1970 and 2286")),
     }
-    Ok(Some(ms as i64))
 }
 
 fn valid_host(host: &str) -> bool {
@@ -289,7 +322,7 @@ mod tests {
             (r#""safetyMarginSeconds":20"#, r#""safetyMarginSeconds":-1"#),
         ] {
             let line = LINE.replace(from, to);
-            let err = NewProxy::from_json_line(&line, 0).unwrap_err();
+            let err = NewProxy::from_json_line(&line, 0).unwrap_err().to_string();
             assert!(
                 !err.contains("SECRETPW") && !err.contains("192.0.2"),
                 "{err}"

@@ -30,9 +30,20 @@ pub struct AuthSchemes {
     pub none: bool,
 }
 
+/// A scheme list that is not a comma list of the known schemes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SchemesError {
+    /// A word that names no scheme.
+    #[error("must list apiKey, basic, bearer and/or none")]
+    Unknown,
+    /// Nothing enabled.
+    #[error("must enable at least one of apiKey, basic, bearer, none")]
+    Empty,
+}
+
 impl AuthSchemes {
     /// Parses a comma list of `apiKey`, `basic`, `bearer`, `none`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, SchemesError> {
         let mut out = Self::default();
         for word in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
             match word.to_ascii_lowercase().as_str() {
@@ -40,11 +51,11 @@ impl AuthSchemes {
                 "basic" => out.basic = true,
                 "bearer" => out.bearer = true,
                 "none" => out.none = true,
-                _ => return Err("must list apiKey, basic, bearer and/or none".into()),
+                _ => return Err(SchemesError::Unknown),
             }
         }
         if out == Self::default() {
-            return Err("must enable at least one of apiKey, basic, bearer, none".into());
+            return Err(SchemesError::Empty);
         }
         Ok(out)
     }

@@ -8,8 +8,8 @@ mod ratelimit;
 pub mod registry;
 mod source;
 
-pub use auth::{AuthSchemes, Guard, RegistryHandle, SourcePolicy};
-pub use ratelimit::{Rate, RateLimitHeaders, RateLimiter, Refusal};
+pub use auth::{AuthSchemes, Guard, RegistryHandle, SchemesError, SourcePolicy};
+pub use ratelimit::{Rate, RateError, RateLimitHeaders, RateLimiter, Refusal};
 pub use registry::{ClientRegistry, RegistryError};
 pub use source::PeerAddr;
 

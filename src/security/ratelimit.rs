@@ -16,10 +16,21 @@ pub struct Rate {
     pub burst: u32,
 }
 
+/// A rate that is not `RATE[:BURST]` or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RateError {
+    /// RATE is not a number of requests per second above 0.
+    #[error("must be RATE[:BURST] with RATE requests per second (> 0), or `off`")]
+    Rate,
+    /// BURST is not a whole number in range.
+    #[error("BURST must be a whole number from 1 to 1000000")]
+    Burst,
+}
+
 impl Rate {
     /// Parses `RATE[:BURST]` (e.g. `10`, `0.5:3`, `100:200`); `off` is `None`.
     /// Burst defaults to the rate rounded up.
-    pub fn parse(s: &str) -> Result<Option<Self>, String> {
+    pub fn parse(s: &str) -> Result<Option<Self>, RateError> {
         let s = s.trim();
         if s.eq_ignore_ascii_case("off") {
             return Ok(None);
@@ -29,7 +40,7 @@ impl Rate {
             .parse()
             .ok()
             .filter(|r: &f64| r.is_finite() && *r > 0.0 && *r <= 1_000_000.0)
-            .ok_or("must be RATE[:BURST] with RATE requests per second (> 0), or `off`")?;
+            .ok_or(RateError::Rate)?;
         let burst = if burst.is_empty() {
             per_second.ceil() as u32
         } else {
@@ -37,7 +48,7 @@ impl Rate {
                 .parse()
                 .ok()
                 .filter(|b| (1..=1_000_000).contains(b))
-                .ok_or("BURST must be a whole number from 1 to 1000000")?
+                .ok_or(RateError::Burst)?
         };
         Ok(Some(Self { per_second, burst }))
     }

@@ -7,7 +7,6 @@ pub mod model;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use jsonschema::Validator;
 use lambda_http::Body;
@@ -19,13 +18,7 @@ use proxy_pool::pool::{NewProxy, RedisPool, UpsertStatus};
 use proxy_pool::security::{AuthSchemes, Guard, PeerAddr, RegistryHandle};
 use serde_json::Value;
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
+pub use proxy_pool::clock::now_ms;
 
 /// A healthy http/shanghai/telecom/provider-a proxy living 10 more minutes.
 pub fn proxy(id: &str) -> NewProxy {

@@ -91,13 +91,11 @@ impl FilterShape {
     ];
 
     /// `none`, `region`, `region-carrier` or `protocol-upstream`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, ArgError> {
         Self::ALL
             .into_iter()
             .find(|f| f.name() == s.trim())
-            .ok_or_else(|| {
-                format!("`{s}`: filters are none, region, region-carrier, protocol-upstream")
-            })
+            .ok_or(ArgError::Filter)
     }
 
     /// The name used on the command line and in the table.
@@ -943,7 +941,19 @@ pub fn human(n: usize) -> String {
 }
 
 /// Parses `1000`, `1k`, `100k`, `1M`.
-pub fn parse_size(s: &str) -> Result<usize, String> {
+/// A bench argument that cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    /// Not a filter shape.
+    #[error("filters are none, region, region-carrier, protocol-upstream")]
+    Filter,
+    /// Not a pool size.
+    #[error("a pool size is a number like 1000, 100k or 1M, at most 50M")]
+    Size,
+}
+
+/// A pool size: a number, optionally with a `k` or `M` suffix.
+pub fn parse_size(s: &str) -> Result<usize, ArgError> {
     let s = s.trim();
     let (digits, factor) = match s.as_bytes().last() {
         Some(b'k' | b'K') => (&s[..s.len() - 1], 1_000),
@@ -955,7 +965,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         .ok()
         .map(|d| d * factor)
         .filter(|n| (1..=50_000_000).contains(n))
-        .ok_or_else(|| format!("`{s}` is not a pool size like 1000, 100k or 1M"))
+        .ok_or(ArgError::Size)
 }
 
 const HEADER: &str = "       N   comb  filter             count    C     ext/s  proxies/s   p50 us   p99 us  trivial/s  ratio  srv us/call  triv srv us  cli us/req";
