@@ -172,10 +172,7 @@ local function purge_only(reply, bad)
   end
   local refused = expect_types(writes)
   if refused then return refused end
-  apply(writes)
-  for _, r in ipairs(read) do
-    if r[2] > 0 then redis.call('ZREMRANGEBYRANK', r[1], 0, r[2] - 1) end
-  end
+  apply(writes, read)
   return reply
 end
 if more_due then return purge_only({'again'}) end
@@ -417,10 +414,7 @@ local known = {[fam_key] = #cursors > 0 or nil,
 local refused = expect_types(writes, known)
 if refused then return refused end
 for _, range in ipairs(ranges) do redis.call('ZREMRANGEBYLEX', fam_key, range[1], range[2]) end
-apply(writes)
-for _, r in ipairs(read) do
-  if r[2] > 0 then redis.call('ZREMRANGEBYRANK', r[1], 0, r[2] - 1) end
-end
+apply(writes, read)
 if hint_life and hint_life > 0 then redis.call('PEXPIREAT', K.hint, hint_life) end
 if idem then
   redis.call('SET', idem, digest .. result, 'PX', idem_ttl)

@@ -321,7 +321,7 @@ end
 -- Reads the members of `set` due by `bound` (a ZRANGEBYSCORE max), at most
 -- `limit`. Returns the due entries still indexed (split locators, each
 -- `{p, r, c, u, e, id, loc = ...}`), how many members were read (the caller
--- removes them all with ZREMRANGEBYRANK 0 n-1), and whether more are due.
+-- passes `{set, n}` to `apply`, which removes them), and whether more are due.
 local function due_members(set, bound, limit)
   local list = redis.call('ZRANGEBYSCORE', set, '-inf', bound, 'LIMIT', 0, limit + 1)
   local more = #list > limit
@@ -336,9 +336,11 @@ local function due_members(set, bound, limit)
   return live, #list, more
 end
 
--- Applies the writes. Nothing here can fail once the key types are known
--- (expect_types) and every argument list is chunked.
-local function apply(writes)
+-- Applies the writes, then removes the first `n` members of each `{set, n}`
+-- in `trims` (the due members `due_members` read). Nothing here can fail
+-- once the key types are known (expect_types) and every argument list is
+-- chunked.
+local function apply(writes, trims)
   for phase = 1, 4 do
     local chunk = CHUNK - CHUNK % STEP[phase]
     for _, key in ipairs(writes.keys[phase]) do
@@ -347,6 +349,9 @@ local function apply(writes)
         redis.call(COMMAND[phase], key, unpack(args, i, math.min(i + chunk - 1, #args)))
       end
     end
+  end
+  for _, t in ipairs(trims or {}) do
+    if t[2] > 0 then redis.call('ZREMRANGEBYRANK', t[1], 0, t[2] - 1) end
   end
 end
 

@@ -83,8 +83,5 @@ end
 
 local refused = expect_types(writes)
 if refused then return refused end
-apply(writes)
-for _, r in ipairs(read) do
-  if r[2] > 0 then redis.call('ZREMRANGEBYRANK', r[1], 0, r[2] - 1) end
-end
+apply(writes, read)
 return {records, index_removed, more}

@@ -9,7 +9,8 @@ sysroot, is an error that says what to install: callers must never go on
 without running the binary.
 
 As a module: `runner(binary)` returns the argv prefix plus the binary, and
-`describe(binary)` says how it runs. As a script: prints that argv, one
+`describe(binary)` says how it runs,
+`announce(binary, tool)` prints that and returns the argv or None. As a script: prints that argv, one
 argument per line (for scripts/lambda-e2e.sh), exit 1 with a reason on stderr.
 
 Usage: python3 scripts/lambda_runner.py BINARY
@@ -71,6 +72,18 @@ def describe(binary: str) -> str:
     if len(argv) == 1:
         return f"{elf_machine(binary)}, native"
     return f"aarch64, under {os.path.basename(argv[0])} (user-mode emulation)"
+
+
+def announce(binary: str, tool: str):
+    """The argv that runs `binary`, after printing how it runs; None, with
+    the reason on stderr under `tool`'s name, when it cannot run here."""
+    try:
+        argv = runner(binary)
+    except RunnerError as e:
+        print(f"{tool}: {e}", file=sys.stderr)
+        return None
+    print(f"{binary}: {describe(binary)}")
+    return argv
 
 
 def main() -> int:

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from lambda_runner import RunnerError, describe, runner
+from lambda_runner import announce
 
 NEXT_PATH = "/2018-06-01/runtime/invocation/next"
 
@@ -37,12 +37,9 @@ def main() -> int:
         print(f"measure-init: {binary} is not an executable; build it first "
               "(cargo build --release --bin proxy-pool-lambda)", file=sys.stderr)
         return 1
-    try:
-        argv, how = runner(binary), describe(binary)
-    except RunnerError as e:
-        print(f"measure-init: {e}", file=sys.stderr)
+    argv = announce(binary, "measure-init")
+    if argv is None:
         return 1
-    print(f"{binary}: {how}")
 
     arrived = threading.Event()
     stop = threading.Event()

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from lambda_runner import RunnerError, describe, runner
+from lambda_runner import announce
 
 PREFIX = "/2018-06-01/runtime/invocation/"
 
@@ -74,12 +74,9 @@ def main() -> int:
         if not os.access(b, os.X_OK):
             print(f"measure-rss: {b} is missing; cargo build --release --bins", file=sys.stderr)
             return 1
-    try:
-        lambda_argv, how = runner(lambda_bin), describe(lambda_bin)
-    except RunnerError as e:
-        print(f"measure-rss: {e}", file=sys.stderr)
+    lambda_argv = announce(lambda_bin, "measure-rss")
+    if lambda_argv is None:
         return 1
-    print(f"{lambda_bin}: {how}")
 
     port = free_port()
     redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",

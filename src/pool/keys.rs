@@ -12,6 +12,21 @@ pub const PROXIES: &str = "{pp}:proxies";
 /// `HASH` proxy id -> state (JSON): health, margin, ownership; a tombstone
 /// (`{"status":"EXTRACTED","expiresAt":…}`) once extracted.
 pub const STATE: &str = "{pp}:state";
+/// The fields of a proxy's details (in [`PROXIES`]): what an extraction returns.
+pub const DETAIL_FIELDS: [&str; 10] = [
+    "id",
+    "protocol",
+    "host",
+    "port",
+    "username",
+    "password",
+    "region",
+    "carrier",
+    "upstream",
+    "expiresAt",
+];
+/// The fields a loader sets in a proxy's state (in [`STATE`]).
+pub const STATE_FIELDS: [&str; 3] = ["safetyMarginSeconds", "healthCheckedAt", "healthOk"];
 /// `ZSET` proxy id -> expiresAt ms: every proxy and tombstone, for pruning.
 pub const EXPIRY: &str = "{pp}:expiry";
 /// `HASH` proxy id -> Worker id, for proxies CLAIMED or DRAINING.

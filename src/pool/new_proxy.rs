@@ -6,6 +6,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::error::PoolError;
+use super::keys::{DETAIL_FIELDS, STATE_FIELDS};
 use super::query::Protocol;
 use crate::clock::{TimeError, parse_rfc3339};
 
@@ -80,21 +81,6 @@ impl UpsertStatus {
 
 /// Fields of an extraction response line that a loader may carry along and that are ignored.
 const IGNORED: [&str; 3] = ["url", "remainingTtlSeconds", "extractedAt"];
-const KNOWN: [&str; 13] = [
-    "id",
-    "protocol",
-    "host",
-    "port",
-    "username",
-    "password",
-    "region",
-    "carrier",
-    "upstream",
-    "expiresAt",
-    "safetyMarginSeconds",
-    "healthCheckedAt",
-    "healthOk",
-];
 
 /// Why a JSON line is not a proxy. Says what is wrong, never echoes a value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -135,10 +121,10 @@ impl NewProxy {
         let Value::Object(o) = value else {
             return Err(LineError::NotAnObject);
         };
-        if let Some(k) = o
-            .keys()
-            .find(|k| !KNOWN.contains(&k.as_str()) && !IGNORED.contains(&k.as_str()))
-        {
+        if let Some(k) = o.keys().find(|k| {
+            let k = k.as_str();
+            !DETAIL_FIELDS.contains(&k) && !STATE_FIELDS.contains(&k) && !IGNORED.contains(&k)
+        }) {
             return Err(LineError::UnknownField(k.chars().take(64).collect()));
         }
         let id = string(&o, "id")?.ok_or(LineError::Missing("id"))?;

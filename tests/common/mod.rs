@@ -469,21 +469,9 @@ pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
     let e = format!("{expires:013}");
     let mut pipe = redis::pipe();
     if what.record {
-        let detail_fields = [
-            "id",
-            "protocol",
-            "host",
-            "port",
-            "username",
-            "password",
-            "region",
-            "carrier",
-            "upstream",
-            "expiresAt",
-        ];
         let (mut details, mut state) = (serde_json::Map::new(), serde_json::Map::new());
         for (k, v) in rec.as_object().unwrap() {
-            let into = if detail_fields.contains(&k.as_str()) {
+            let into = if proxy_pool::pool::keys::DETAIL_FIELDS.contains(&k.as_str()) {
                 &mut details
             } else {
                 &mut state
