@@ -55,6 +55,13 @@ async fn quick_bench_reports_every_cell() {
         assert!(cell["ratio"].as_f64().unwrap() > 0.0);
         assert!(cell["serverUsPerCall"].as_f64().unwrap() > 0.0);
         assert!(cell["trivialServerUsPerCall"].as_f64().unwrap() > 0.0);
+        // The bench's own CPU, summed over all its threads: a request through
+        // the handler costs tens of µs even in a release build (hundreds in
+        // this debug one); the idle main thread alone showed 2-10.
+        assert!(
+            cell["clientCpuUsPerRequest"].as_f64().unwrap() > 15.0,
+            "{cell}"
+        );
     }
     let shapes: std::collections::BTreeSet<(u64, String)> = cells
         .iter()

@@ -7,8 +7,6 @@ use crate::pool::{NewProxy, Protocol};
 const NAMED_REGIONS: [&str; 3] = ["shanghai", "beijing", "guangzhou"];
 const CARRIERS: [&str; 3] = ["telecom", "unicom", "mobile"];
 const UPSTREAMS: [&str; 3] = ["provider-a", "provider-b", "provider-c"];
-/// The three documentation ranges (RFC 5737): never real hosts.
-const TEST_NETS: [&str; 3] = ["192.0.2", "198.51.100", "203.0.113"];
 
 /// How a synthetic pool spreads over protocol x region x carrier x upstream
 /// combinations.
@@ -88,24 +86,22 @@ pub struct ShapeError;
 
 /// The synthetic proxy number `seq` of a pool of `shape`: its combination
 /// round-robin (protocol varies fastest, then region, carrier, upstream),
-/// healthy as of `now_ms`, expiring 10 to 60 minutes from it in an order
-/// unrelated to `seq`, with a 30 s safety margin.
+/// a TEST-NET-2 address, healthy as of `now_ms`, expiring 15 to 45 minutes
+/// from it in an order unrelated to `seq`, with a 30 s safety margin.
 pub fn synthetic_proxy(seq: usize, now_ms: i64, shape: PoolShape) -> NewProxy {
     let combination = seq % shape.combinations();
     let (protocol, rest) = (combination % 3, combination / 3);
     let (region, rest) = (rest % shape.regions, rest / shape.regions);
     let (carrier, upstream) = (rest % shape.carriers, rest / shape.carriers);
-    let expires_at = now_ms + 600_000 + (seq as i64 * 7_919 % 3_000) * 1_000;
+    let mix = (seq as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
+    let expires_at = now_ms + 900_000 + (mix % 1_800_000) as i64;
     NewProxy {
-        id: format!("px_demo_{seq:05}"),
+        id: format!("proxy-{seq:010}"),
         protocol: Protocol::ALL[protocol].as_str().into(),
-        host: format!("{}.{}", TEST_NETS[seq / 250 % 3], seq % 250 + 1),
-        port: 8000 + (seq % 1000) as u16,
-        username: Some(format!("user{seq}")),
-        password: Some(format!(
-            "demo-pass-{:08x}",
-            (seq as u64).wrapping_mul(0x9e37_79b9) as u32
-        )),
+        host: format!("198.51.100.{}", seq % 254 + 1),
+        port: 10_000 + (seq % 50_000) as u16,
+        username: Some(format!("u{seq}")),
+        password: Some(format!("pw-{:012x}", mix & 0xffff_ffff_ffff)),
         region: shape.region(region),
         carrier: shape.carrier(carrier).into(),
         upstream: shape.upstream(upstream).into(),
@@ -170,7 +166,7 @@ mod tests {
             ),
             ("beijing", "telecom", "provider-b")
         );
-        assert_eq!(p[5].id, "px_demo_00005");
+        assert_eq!(p[5].id, "proxy-0000000005");
         assert!(p.iter().all(|p| p.usable_until == p.expires_at - 30_000));
     }
 }

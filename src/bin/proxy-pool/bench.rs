@@ -909,12 +909,20 @@ fn info_field(info: &str, name: &str) -> Option<String> {
         .map(|v| v.trim().to_owned())
 }
 
-/// User + system CPU time of this process (Linux), seconds.
-/// CPU time this process has run, from the kernel's scheduler statistics
-/// (`/proc/self/schedstat`: nanoseconds on a CPU, first field).
+/// CPU time this process's threads have run, seconds: the sum over
+/// `/proc/self/task/*/schedstat` (nanoseconds on a CPU, first field).
+/// `/proc/self/schedstat` alone is the main thread's, which the Tokio
+/// workers doing the requests are not; the runtime's worker threads live
+/// as long as the bench, so no thread's time is lost between two reads.
 fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/schedstat").ok()?;
-    let ns: f64 = stat.split_whitespace().next()?.parse().ok()?;
+    let mut ns = 0f64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        // A thread that ended since the listing has no file left: skip it.
+        let Ok(stat) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
+            continue;
+        };
+        ns += stat.split_whitespace().next()?.parse::<f64>().ok()?;
+    }
     Some(ns / 1e9)
 }
 
