@@ -249,8 +249,11 @@ mod tests {
         let d: Diagnostic = FunctionError::UnrecognisedEvent("fields: a".into()).into();
         assert_eq!(d.error_type, "UnrecognisedEvent");
         assert!(d.error_message.contains("fields: a"));
-        let d: Diagnostic =
-            FunctionError::HealthCheck(PoolError::Unavailable("timed out".into())).into();
+        let d: Diagnostic = FunctionError::HealthCheck(PoolError::unavailable(
+            crate::pool::OutageClass::Timeout,
+            "timed out",
+        ))
+        .into();
         assert_eq!(d.error_type, "HealthCheckFailed");
     }
 }

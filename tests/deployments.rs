@@ -13,7 +13,7 @@ use common::{Reply, app_over, extract_as, proxies, proxy, send, test_config};
 use lambda_http::Body;
 use lambda_http::http::Request;
 use proxy_pool::distribution::App;
-use proxy_pool::local::{RedisServer, TlsFiles};
+use proxy_pool::local::{RedisServer, Relay, TlsFiles};
 use proxy_pool::pool::{PoolError, RedisPool, keys};
 use proxy_pool::security::Rate;
 use redis::aio::MultiplexedConnection;
@@ -223,7 +223,7 @@ async fn an_older_redis_is_refused_by_name() {
     let pool = RedisPool::new(&redis.url(), Duration::from_secs(2)).unwrap();
     let err = pool.ping().await.unwrap_err();
     assert!(
-        matches!(&err, PoolError::Unavailable(why) if why.contains("6.2.14") && why.contains("7.0")),
+        matches!(&err, PoolError::Unavailable(why) if why.detail.contains("6.2.14") && why.detail.contains("7.0")),
         "{err}"
     );
     let err = pool.upsert(&[proxy("old-1")]).await.unwrap_err();
@@ -489,4 +489,130 @@ async fn replica_acknowledgement_before_answering() {
     assert!(replicated);
     let rest = extract_as(&app, r#"{"count":10}"#, &[], me).await;
     assert_eq!(rest.ids(), ["rep-0005"]);
+}
+
+/// The `{pp}` slot's master in a cluster: its port, from `CLUSTER SLOTS`.
+async fn slot_owner_port(conn: &mut MultiplexedConnection) -> u16 {
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg("{pp}")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(conn)
+        .await
+        .unwrap();
+    for range in ranges {
+        let start: i64 = redis::from_redis_value_ref(&range[0]).unwrap();
+        let end: i64 = redis::from_redis_value_ref(&range[1]).unwrap();
+        if (start..=end).contains(&slot) {
+            let master: Vec<redis::Value> = redis::from_redis_value_ref(&range[2]).unwrap();
+            let port: i64 = redis::from_redis_value_ref(&master[1]).unwrap();
+            return u16::try_from(port).unwrap();
+        }
+    }
+    panic!("slot {slot} has no master");
+}
+
+/// Proxies whose details are still in the pool.
+async fn pooled(conn: &mut MultiplexedConnection) -> i64 {
+    redis::cmd("HLEN")
+        .arg(keys::PROXIES)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// A reply lost after the extraction script ran (a relay forwards the
+/// request, then closes the connection before the answer): without an
+/// `Idempotency-Key` the answer is 503 and the script ran once (its two
+/// proxies are lost with the reply, and nothing more leaves the pool); no
+/// client layer resends it. With a key, the repeat is a replay: the same
+/// two proxies are answered, and still nothing more leaves the pool.
+async fn lost_reply_drill(relay: &Relay, url: &str, cluster: bool, owner: &str) {
+    let mut config = test_config();
+    config.redis_cluster = cluster;
+    let pool = RedisPool::with_options(url, &config.redis_options()).unwrap();
+    let app = app_over(&config, pool.clone());
+    pool.upsert(&proxies("lr", 20)).await.unwrap();
+    let me = "127.0.0.1:1";
+    assert_eq!(ready(&app).await.status, 200);
+    assert_eq!(
+        extract_as(&app, r#"{"count":1}"#, &[], me).await.status,
+        200
+    );
+    let mut on_owner = connect(owner).await;
+    assert_eq!(pooled(&mut on_owner).await, 19);
+
+    relay.lose_reply_to(b"EVALSHA");
+    let lost = extract_as(&app, r#"{"count":2}"#, &[], me).await;
+    assert_eq!(
+        (lost.status, lost.code()),
+        (503, "SERVICE_UNAVAILABLE"),
+        "{}",
+        lost.body
+    );
+    assert_eq!(pooled(&mut on_owner).await, 17, "the extraction ran twice");
+
+    relay.lose_reply_to(b"EVALSHA");
+    let key = [("idempotency-key", "lost-reply-0001")];
+    let mut answered = extract_as(&app, r#"{"count":2}"#, &key, me).await;
+    for _ in 0..20 {
+        if answered.status != 503 {
+            break;
+        }
+        // The client's own retries with the same key, backing off.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        answered = extract_as(&app, r#"{"count":2}"#, &key, me).await;
+    }
+    assert_eq!(answered.status, 200, "{}", answered.body);
+    assert_eq!(answered.ids().len(), 2);
+    assert_eq!(pooled(&mut on_owner).await, 15);
+}
+
+/// Single server: a lost reply is never resent (see [`lost_reply_drill`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_is_not_resent_by_a_single_server_client() {
+    let redis = RedisServer::start()
+        .await
+        .expect("redis-server must be installed");
+    let relay = Relay::start(([127, 0, 0, 1], redis.port()).into())
+        .await
+        .unwrap();
+    let url = format!("redis://127.0.0.1:{}/", relay.port());
+    lost_reply_drill(&relay, &url, false, &redis.url()).await;
+}
+
+/// Redis Cluster: the node owning `{pp}` announces a relay in front of it
+/// (`cluster-announce-port`); a lost reply is never resent by the cluster
+/// client (see [`lost_reply_drill`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_is_not_resent_by_the_cluster_client() {
+    let nodes = start_cluster().await;
+    let owner_port = slot_owner_port(&mut connect(&nodes[0].url()).await).await;
+    let owner = nodes.iter().find(|n| n.port() == owner_port).unwrap();
+    let relay = Relay::start(([127, 0, 0, 1], owner_port).into())
+        .await
+        .unwrap();
+    let mut on_owner = connect(&owner.url()).await;
+    info(
+        &mut on_owner,
+        &[
+            "CONFIG",
+            "SET",
+            "cluster-announce-port",
+            &relay.port().to_string(),
+        ],
+    )
+    .await;
+    let relay_port = relay.port();
+    until("the owner announces the relay", || {
+        let url = owner.url();
+        async move { slot_owner_port(&mut connect(&url).await).await == relay_port }
+    })
+    .await;
+    let url = format!("redis://127.0.0.1:{}/", relay.port());
+    lost_reply_drill(&relay, &url, true, &owner.url()).await;
 }

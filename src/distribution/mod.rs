@@ -282,8 +282,8 @@ async fn admitted(
 /// is logged here.
 fn pool_problem(e: PoolError) -> Problem {
     match e {
-        PoolError::Unavailable(_) => {
-            tracing::warn!(error = %e, "pool unavailable");
+        PoolError::Unavailable(outage) => {
+            tracing::warn!(class = outage.class.as_str(), error = %outage, "pool unavailable");
             Problem::unavailable("the proxy pool is unavailable, retry later")
         }
         PoolError::Internal(_) => {

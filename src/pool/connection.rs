@@ -101,9 +101,10 @@ impl PoolConnection {
             let mut builder = ClusterClientBuilder::new(nodes)
                 .connection_timeout(options.timeout)
                 .response_timeout(options.timeout)
-                .retries(2)
-                .min_retry_wait(20)
-                .max_retry_wait(200);
+                // No resend inside the client: after a dropped connection
+                // it would run an extraction a second time. The adapter
+                // repeats only what is safe to repeat (`RedisPool::call`).
+                .retries(0);
             if let Some(certs) = certificates {
                 builder = builder.certs(certs);
             }

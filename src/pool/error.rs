@@ -1,43 +1,200 @@
 //! Why the pool could not answer.
 
-use redis::RedisError;
+use std::fmt;
+
+use redis::{ErrorKind, RedisError};
 
 /// Why the pool could not answer. Messages carry Redis error kinds and codes,
-/// never Redis error text or topology.
+/// never Redis error text, secrets or topology.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
-    /// Redis is unreachable, too slow, out of memory, busy or read-only: retry later (503).
+    /// Redis cannot serve the call now: retry later (503).
     #[error("redis unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(Outage),
     /// Anything else: a bug or a damaged pool (500).
     #[error("redis failure: {0}")]
     Internal(String),
 }
 
+impl PoolError {
+    /// An outage of `class`, described by `detail` (no secret, no Redis text).
+    pub fn unavailable(class: OutageClass, detail: impl Into<String>) -> Self {
+        Self::Unavailable(Outage {
+            class,
+            detail: detail.into(),
+        })
+    }
+
+    /// The outage's class, when this is one.
+    pub fn outage_class(&self) -> Option<OutageClass> {
+        match self {
+            Self::Unavailable(outage) => Some(outage.class),
+            Self::Internal(_) => None,
+        }
+    }
+}
+
+/// A Redis outage: its class and a short, secret-free description.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outage {
+    /// What kind of outage, for logs and alarms.
+    pub class: OutageClass,
+    /// Error kind and code, or what was found (e.g. a version).
+    pub detail: String,
+}
+
+impl fmt::Display for Outage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] {}", self.class.as_str(), self.detail)
+    }
+}
+
+/// Kinds of Redis outage, named in every log line about one, so that an
+/// operator can tell a rotated password from a dead server or a failover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutageClass {
+    /// Not reachable: refused, reset or dropped connection, unknown host.
+    Connection,
+    /// No answer within `PROXY_POOL_REDIS_TIMEOUT_MS`.
+    Timeout,
+    /// The password or user was refused (`NOAUTH`, `WRONGPASS`, failed `AUTH`).
+    Authentication,
+    /// The user may not run a command the pool needs (`NOPERM`).
+    Permission,
+    /// Redis is at a limit: `maxclients` reached, out of memory.
+    Capacity,
+    /// Redis is busy: a script over its time limit, a dataset loading.
+    Busy,
+    /// A failover or resharding is under way: read-only, master or cluster
+    /// down, `TRYAGAIN`, `MOVED`, `ASK`.
+    Failover,
+    /// Fewer replicas acknowledged than required (`NOREPLICAS`, `WAIT`),
+    /// or the connection that carried the write was replaced before them.
+    Replication,
+    /// Redis refuses writes after a failed snapshot (`MISCONF`).
+    Persistence,
+    /// The server is older than the scripts need.
+    Version,
+}
+
+impl OutageClass {
+    /// The class as logged (`class=authentication`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connection => "connection",
+            Self::Timeout => "timeout",
+            Self::Authentication => "authentication",
+            Self::Permission => "permission",
+            Self::Capacity => "capacity",
+            Self::Busy => "busy",
+            Self::Failover => "failover",
+            Self::Replication => "replication",
+            Self::Persistence => "persistence",
+            Self::Version => "version",
+        }
+    }
+}
+
+/// The outage class of a Redis error, `None` for errors that are not
+/// outages (a script error, a wrong type: a bug or a damaged pool).
+pub(crate) fn outage_class(e: &RedisError) -> Option<OutageClass> {
+    if e.kind() == ErrorKind::AuthenticationFailed {
+        return Some(OutageClass::Authentication);
+    }
+    if e.is_timeout() {
+        return Some(OutageClass::Timeout);
+    }
+    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        return Some(OutageClass::Connection);
+    }
+    let class = match e.code().unwrap_or("") {
+        "NOAUTH" | "WRONGPASS" => OutageClass::Authentication,
+        "NOPERM" => OutageClass::Permission,
+        "OOM" => OutageClass::Capacity,
+        "BUSY" | "LOADING" => OutageClass::Busy,
+        "READONLY" | "MASTERDOWN" | "CLUSTERDOWN" | "TRYAGAIN" | "MOVED" | "ASK" => {
+            OutageClass::Failover
+        }
+        "NOREPLICAS" => OutageClass::Replication,
+        "MISCONF" => OutageClass::Persistence,
+        "ERR"
+            if e.detail()
+                .is_some_and(|d| d.starts_with("max number of clients")) =>
+        {
+            OutageClass::Capacity
+        }
+        _ => return None,
+    };
+    Some(class)
+}
+
+/// `true` when the error proves the command was not executed (refused
+/// before it ran), so repeating it can never apply it twice.
+pub(crate) fn refused_before_running(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "LOADING" | "READONLY")
+    )
+}
+
 impl From<RedisError> for PoolError {
     fn from(e: RedisError) -> Self {
-        const TRANSIENT: [&str; 10] = [
-            "OOM",
-            "BUSY",
-            "LOADING",
-            "READONLY",
-            "MASTERDOWN",
-            "CLUSTERDOWN",
-            "TRYAGAIN",
-            "NOREPLICAS",
-            "MISCONF",
-            "MOVED",
-        ];
-        let code = e.code().unwrap_or("");
-        let what = format!("{:?} {code}", e.kind());
-        if e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || TRANSIENT.contains(&code)
-        {
-            Self::Unavailable(what)
-        } else {
-            Self::Internal(what)
+        let what = match e.code() {
+            Some(code) => format!("{:?} {code}", e.kind()),
+            None => format!("{:?}", e.kind()),
+        };
+        match outage_class(&e) {
+            Some(class) => Self::unavailable(class, what),
+            None => Self::Internal(what),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: &str, detail: &str) -> RedisError {
+        redis::make_extension_error(code.into(), Some(detail.into()))
+    }
+
+    #[test]
+    fn classes_of_server_errors() {
+        let cases = [
+            (
+                "NOAUTH",
+                "Authentication required.",
+                OutageClass::Authentication,
+            ),
+            (
+                "WRONGPASS",
+                "invalid username-password pair",
+                OutageClass::Authentication,
+            ),
+            (
+                "NOPERM",
+                "this user has no permissions",
+                OutageClass::Permission,
+            ),
+            ("OOM", "command not allowed", OutageClass::Capacity),
+            ("MISCONF", "snapshot", OutageClass::Persistence),
+            (
+                "NOREPLICAS",
+                "not enough good replicas",
+                OutageClass::Replication,
+            ),
+            (
+                "ERR",
+                "max number of clients reached",
+                OutageClass::Capacity,
+            ),
+        ];
+        for (code, detail, class) in cases {
+            let e = PoolError::from(server(code, detail));
+            assert_eq!(e.outage_class(), Some(class), "{code}");
+            assert!(!e.to_string().contains(detail), "{e}");
+        }
+        let wrong_type = PoolError::from(server("WRONGTYPE", "Operation against a key"));
+        assert!(matches!(wrong_type, PoolError::Internal(_)));
     }
 }

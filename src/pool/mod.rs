@@ -26,7 +26,7 @@ mod scripts;
 
 pub use connection::{PoolConnection, RedisOptions};
 pub use contract::{ContractOp, ContractReply, Verdict};
-pub use error::PoolError;
+pub use error::{Outage, OutageClass, PoolError};
 pub use maintenance::{BucketInventory, Inventory, MAX_PRUNE_BATCH, PruneReport};
 pub use new_proxy::{LineError, NewProxy, UpsertStatus};
 pub use query::{

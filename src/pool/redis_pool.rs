@@ -10,7 +10,7 @@ use redis::{FromRedisValue, Script, ScriptInvocation};
 use serde::Serialize;
 
 use super::connection::{PoolConnection, RedisOptions};
-use super::error::PoolError;
+use super::error::{OutageClass, PoolError, refused_before_running};
 use super::keys;
 use super::new_proxy::{NewProxy, UpsertStatus};
 use super::query::{CommittedExtraction, ExtractionOutcome, ExtractionQuery};
@@ -20,6 +20,10 @@ use super::scripts;
 /// call, the connection is PINGed before a script is sent, so a dead socket
 /// is found (and replaced) by a command that is safe to repeat.
 const IDLE_PING_AFTER: Duration = Duration::from_secs(30);
+/// Most repeats of one script call (within the call's time bound).
+const MAX_REPEATS: u32 = 3;
+/// Pause before the n-th repeat of a call refused before it ran, times n.
+const REPEAT_AFTER: Duration = Duration::from_millis(20);
 /// Proxies sent to `lua/upsert.lua` per call.
 const UPSERT_BATCH: usize = 500;
 /// The oldest Redis the scripts run on (Valkey reports its Redis level):
@@ -148,9 +152,12 @@ impl RedisPool {
             } else {
                 version.as_str()
             };
-            return Err(PoolError::Unavailable(format!(
-                "unsupported Redis version ({shown}): the pool scripts need Redis 7.0 or later, or Valkey 7.2 or later"
-            )));
+            return Err(PoolError::unavailable(
+                OutageClass::Version,
+                format!(
+                    "unsupported Redis version ({shown}): the pool scripts need Redis 7.0 or later, or Valkey 7.2 or later"
+                ),
+            ));
         }
         self.version_checked.store(true, Ordering::Relaxed);
         Ok(())
@@ -332,8 +339,12 @@ impl RedisPool {
     }
 
     /// One script call (unbounded: callers bound it): a PING first after
-    /// idleness or a failure, the version check before the first script,
-    /// and one repeat after a dropped connection when `retry_on_drop`.
+    /// idleness or a failure, the version check before the first script.
+    /// Repeated only when that cannot apply it twice: after a refusal that
+    /// proves it did not run (`MOVED`, `TRYAGAIN`, `READONLY`, ...), or
+    /// once after a dropped connection when `retry_on_drop` (the caller's
+    /// promise that a second run is harmless). The Redis clients themselves
+    /// never resend (see `connection.rs`).
     async fn call<T: FromRedisValue>(
         &self,
         conn: &mut PoolConnection,
@@ -346,11 +357,25 @@ impl RedisPool {
         if !self.version_checked.load(Ordering::Relaxed) {
             self.check_version(conn).await?;
         }
-        match inv.invoke_async(conn).await {
-            Err(e) if retry_on_drop && e.is_connection_dropped() => {
-                Ok(inv.invoke_async(conn).await?)
+        let mut repeats = 0;
+        loop {
+            match inv.invoke_async(conn).await {
+                Ok(value) => return Ok(value),
+                Err(e) if repeats < MAX_REPEATS && refused_before_running(&e) => {
+                    // Not run (a failover or resharding under way): safe to
+                    // repeat, once the client has had a moment to follow it.
+                    repeats += 1;
+                    tokio::time::sleep(REPEAT_AFTER * repeats).await;
+                }
+                Err(e) if repeats == 0 && retry_on_drop && e.is_connection_dropped() => {
+                    repeats += 1;
+                    if conn.is_cluster() {
+                        // Give the cluster client a moment to reconnect.
+                        tokio::time::sleep(REPEAT_AFTER).await;
+                    }
+                }
+                Err(e) => return Err(e.into()),
             }
-            other => Ok(other?),
         }
     }
 
@@ -370,7 +395,7 @@ impl RedisPool {
     ) -> Result<T, PoolError> {
         let result = tokio::time::timeout(self.timeout, op)
             .await
-            .unwrap_or_else(|_| Err(PoolError::Unavailable("timed out".into())));
+            .unwrap_or_else(|_| Err(PoolError::unavailable(OutageClass::Timeout, "timed out")));
         match &result {
             Ok(_) => {
                 self.suspect.store(false, Ordering::Relaxed);
