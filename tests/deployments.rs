@@ -616,3 +616,160 @@ async fn a_lost_reply_is_not_resent_by_the_cluster_client() {
     let url = format!("redis://127.0.0.1:{}/", relay.port());
     lost_reply_drill(&relay, &url, true, &owner.url()).await;
 }
+
+/// Starts a node for a cluster (its own bus port and node table), `DEBUG`
+/// allowed from loopback.
+async fn cluster_node() -> RedisServer {
+    let bus = proxy_pool::local::free_port().unwrap().to_string();
+    RedisServer::start_with(&[
+        "--enable-debug-command",
+        "local",
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-port",
+        &bus,
+        "--cluster-node-timeout",
+        "5000",
+    ])
+    .await
+    .expect("redis-server must be installed")
+}
+
+/// With replica acks in cluster mode, the `WAIT` that confirms an
+/// extraction follows it on the socket that carried it. The relay the
+/// `{pp}` master announces closes the connection right after the
+/// extraction's reply, while the master's replica sleeps (`DEBUG SLEEP`,
+/// so it holds nothing new): the answer is 503, never a 200 confirmed by a
+/// `WAIT` on a new socket (which has no writes, so it counts the sleeping
+/// replica at once; what the cluster client's resend used to do).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledgement_is_never_taken_from_another_socket() {
+    let nodes = start_cluster().await;
+    let owner_port = slot_owner_port(&mut connect(&nodes[0].url()).await).await;
+    let owner = nodes.iter().find(|n| n.port() == owner_port).unwrap();
+    let mut on_owner = connect(&owner.url()).await;
+    let owner_id = info(&mut on_owner, &["CLUSTER", "MYID"]).await;
+    let replica = cluster_node().await;
+    let out = tokio::process::Command::new("redis-cli")
+        .args(["--cluster", "add-node"])
+        .arg(format!("127.0.0.1:{}", replica.port()))
+        .arg(format!("127.0.0.1:{owner_port}"))
+        .args(["--cluster-slave", "--cluster-master-id", &owner_id])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    until("the replica acknowledges", || {
+        let url = owner.url();
+        async move {
+            let mut probe = connect(&url).await;
+            let _: Result<(), _> = redis::cmd("SET")
+                .arg("{pp}:probe")
+                .arg(1)
+                .arg("PX")
+                .arg(1000)
+                .query_async(&mut probe)
+                .await;
+            let acks: i64 = redis::cmd("WAIT")
+                .arg(1)
+                .arg(100)
+                .query_async(&mut probe)
+                .await
+                .unwrap_or(0);
+            acks >= 1
+        }
+    })
+    .await;
+
+    let relay = Relay::start(([127, 0, 0, 1], owner_port).into())
+        .await
+        .unwrap();
+    let relay_port = relay.port();
+    info(
+        &mut on_owner,
+        &[
+            "CONFIG",
+            "SET",
+            "cluster-announce-port",
+            &relay_port.to_string(),
+        ],
+    )
+    .await;
+    until("the owner announces the relay", || {
+        let url = owner.url();
+        async move { slot_owner_port(&mut connect(&url).await).await == relay_port }
+    })
+    .await;
+
+    let mut config = test_config();
+    config.redis_cluster = true;
+    config.redis_timeout = Duration::from_millis(1000);
+    config.replica_acks = 1;
+    config.replica_ack_timeout = Duration::from_millis(300);
+    let url = format!("redis://127.0.0.1:{relay_port}/");
+    let pool = RedisPool::with_options(&url, &config.redis_options()).unwrap();
+    let app = app_over(&config, pool.clone());
+    pool.upsert(&proxies("ack", 10)).await.unwrap();
+    let me = "127.0.0.1:1";
+    let warm = extract_as(&app, r#"{"count":1}"#, &[], me).await;
+    assert_eq!(warm.status, 200, "{}", warm.body);
+
+    // The replica sleeps: a PING to it gets no answer.
+    let sleeper = {
+        let url = replica.url();
+        tokio::spawn(async move {
+            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+            let mut conn = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .unwrap();
+            let _: Result<(), _> = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(3)
+                .query_async(&mut conn)
+                .await;
+        })
+    };
+    until("the replica sleeps", || {
+        let url = replica.url();
+        async move {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_response_timeout(Some(Duration::from_millis(100)));
+            let Ok(mut conn) = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+            else {
+                return true;
+            };
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .is_err()
+        }
+    })
+    .await;
+
+    relay.close_after_reply_to(b"EVALSHA");
+    let r = extract_as(
+        &app,
+        r#"{"count":2}"#,
+        &[("idempotency-key", "ack-socket-0001")],
+        me,
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.code()),
+        (503, "SERVICE_UNAVAILABLE"),
+        "{}",
+        r.body
+    );
+    sleeper.await.unwrap();
+}

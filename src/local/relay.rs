@@ -26,8 +26,17 @@ pub struct Relay {
 struct Shared {
     target: Mutex<SocketAddr>,
     delay: Mutex<Duration>,
-    lose_reply_to: Mutex<Option<Vec<u8>>>,
+    fault: Mutex<Option<(Vec<u8>, Fault)>>,
     cuts: watch::Sender<u64>,
+}
+
+/// What happens to the connection of the next request containing a needle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Closed after forwarding the request, before the reply.
+    LoseReply,
+    /// Closed right after the reply reached the client.
+    CloseAfterReply,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -42,7 +51,7 @@ impl Relay {
         let shared = Arc::new(Shared {
             target: Mutex::new(target),
             delay: Mutex::new(Duration::ZERO),
-            lose_reply_to: Mutex::new(None),
+            fault: Mutex::new(None),
             cuts: watch::channel(0).0,
         });
         let accepting = Arc::clone(&shared);
@@ -85,7 +94,13 @@ impl Relay {
     /// but its connection is closed before the reply: a reply lost after
     /// the command took effect.
     pub fn lose_reply_to(&self, needle: &[u8]) {
-        *lock(&self.shared.lose_reply_to) = Some(needle.to_vec());
+        *lock(&self.shared.fault) = Some((needle.to_vec(), Fault::LoseReply));
+    }
+
+    /// The next request containing `needle` is answered, then its
+    /// connection closes: the client's next command finds it dead.
+    pub fn close_after_reply_to(&self, needle: &[u8]) {
+        *lock(&self.shared.fault) = Some((needle.to_vec(), Fault::CloseAfterReply));
     }
 }
 
@@ -108,7 +123,7 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
     let _ = server.set_nodelay(true);
     let (mut client_in, client_out) = client.into_split();
     let (server_in, mut server_out) = server.into_split();
-    let (lost_tx, lost_rx) = watch::channel(false);
+    let (fault_tx, fault_rx) = watch::channel(None);
     let upstream = async {
         let mut buf = vec![0u8; CHUNK];
         loop {
@@ -116,26 +131,27 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            let lose = {
-                let mut armed = lock(&shared.lose_reply_to);
-                let hit = armed
-                    .as_deref()
-                    .is_some_and(|needle| contains(&buf[..n], needle));
-                if hit {
-                    *armed = None;
+            let fault = {
+                let mut armed = lock(&shared.fault);
+                match armed.as_ref() {
+                    Some((needle, fault)) if contains(&buf[..n], needle) => {
+                        let fault = *fault;
+                        *armed = None;
+                        Some(fault)
+                    }
+                    _ => None,
                 }
-                hit
             };
             if server_out.write_all(&buf[..n]).await.is_err() {
                 return;
             }
-            if lose {
-                let _ = lost_tx.send(true);
+            if fault.is_some() {
+                let _ = fault_tx.send(fault);
                 std::future::pending::<()>().await;
             }
         }
     };
-    let downstream = downstream(server_in, client_out, &shared, lost_rx);
+    let downstream = downstream(server_in, client_out, &shared, fault_rx);
     tokio::select! {
         _ = upstream => {}
         _ = downstream => {}
@@ -145,17 +161,18 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
 
 /// Server to client, each chunk held for the relay's delay. After a lost
 /// reply the client is closed at once, and the server's answer awaited (so
-/// the command surely ran), then dropped.
+/// the command surely ran), then dropped; after a fault closing after the
+/// reply, the reply is delivered, then the connection closed.
 async fn downstream(
     mut server_in: tokio::net::tcp::OwnedReadHalf,
     client_out: tokio::net::tcp::OwnedWriteHalf,
     shared: &Shared,
-    mut lost: watch::Receiver<bool>,
+    mut fault: watch::Receiver<Option<Fault>>,
 ) {
     let (tx, rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let mut writer = Box::pin(write_when_due(rx, client_out));
     let mut buf = vec![0u8; CHUNK];
-    loop {
+    let fault = loop {
         tokio::select! {
             read = server_in.read(&mut buf) => match read {
                 Ok(0) | Err(_) => return,
@@ -166,12 +183,27 @@ async fn downstream(
                     }
                 }
             },
-            _ = lost.wait_for(|lost| *lost) => break,
+            armed = fault.wait_for(Option::is_some) => match armed {
+                Ok(armed) => break *armed,
+                Err(_) => return,
+            },
             _ = &mut writer => return,
         }
+    };
+    if fault == Some(Fault::LoseReply) {
+        drop(writer);
+        let _ = server_in.read(&mut buf).await;
+        return;
     }
-    drop(writer);
-    let _ = server_in.read(&mut buf).await;
+    // Close after the reply: pass one more chunk on, then end.
+    if let Ok(n) = server_in.read(&mut buf).await
+        && n > 0
+    {
+        let due = Instant::now() + *lock(&shared.delay);
+        let _ = tx.send((due, buf[..n].to_vec()));
+    }
+    drop(tx);
+    writer.await;
 }
 
 /// Writes each chunk to the client when it is due.

@@ -10,11 +10,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, TlsCertificates, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, FromRedisValue, Pipeline, RedisError,
+    RedisFuture, RedisResult, ServerErrorKind, TlsCertificates, Value,
+};
 use tokio::sync::OnceCell;
 
 use super::error::PoolError;
@@ -62,6 +67,90 @@ pub struct PoolConnection {
 enum Inner {
     Single(ConnectionManager),
     Cluster(Arc<LazyCluster>),
+    /// One socket to the primary that owns `{pp}`, never replaced behind
+    /// the caller's back: what a `WAIT` must follow (see `acknowledger`).
+    Direct(MultiplexedConnection),
+}
+
+/// Opens [`PoolConnection`]s of one socket each to the primary that owns
+/// the pool's slot (the server itself, or in a cluster the `{pp}` master).
+#[derive(Clone)]
+pub(crate) struct DirectOpener {
+    /// The server, or in a cluster a seed node whose settings (credentials,
+    /// TLS) the owner's connection reuses.
+    client: redis::Client,
+    /// In a cluster: where to ask who owns `{pp}`.
+    cluster: Option<Arc<LazyCluster>>,
+    timeout: Duration,
+}
+
+impl DirectOpener {
+    /// A fresh connection of its own.
+    pub(crate) async fn open(&self) -> RedisResult<PoolConnection> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let client = match &self.cluster {
+            None => self.client.clone(),
+            Some(lazy) => {
+                let (host, port) = slot_owner(&mut lazy.get().await?).await?;
+                let info = self.client.get_connection_info().clone();
+                let addr = match info.addr().clone() {
+                    ConnectionAddr::TcpTls {
+                        insecure,
+                        tls_params,
+                        ..
+                    } => ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure,
+                        tls_params,
+                    },
+                    _ => ConnectionAddr::Tcp(host, port),
+                };
+                redis::Client::open(info.set_addr(addr))?
+            }
+        };
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        Ok(PoolConnection {
+            inner: Inner::Direct(conn),
+        })
+    }
+}
+
+/// The host and port of the master owning the `{pp}` slot, from `CLUSTER SLOTS`.
+async fn slot_owner(conn: &mut ClusterConnection) -> RedisResult<(String, u16)> {
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(keys::PROXIES)
+        .query_async(conn)
+        .await?;
+    let ranges: Vec<Vec<Value>> = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+    for range in ranges {
+        let (Some(start), Some(end), Some(master)) = (range.first(), range.get(1), range.get(2))
+        else {
+            continue;
+        };
+        let (start, end) = (
+            i64::from_redis_value_ref(start)?,
+            i64::from_redis_value_ref(end)?,
+        );
+        if (start..=end).contains(&slot) {
+            let master: Vec<Value> = FromRedisValue::from_redis_value_ref(master)?;
+            if let (Some(host), Some(port)) = (master.first(), master.get(1)) {
+                return Ok((
+                    String::from_redis_value_ref(host)?,
+                    u16::from_redis_value_ref(port)?,
+                ));
+            }
+        }
+    }
+    Err(RedisError::from((
+        ErrorKind::Server(ServerErrorKind::ClusterDown),
+        "no master owns the pool's slot",
+    )))
 }
 
 /// A cluster connection made on first use, so a cold start succeeds while
@@ -81,8 +170,12 @@ impl LazyCluster {
 }
 
 impl PoolConnection {
-    /// Opens (lazily) the connection `url` and `options` describe.
-    pub(crate) fn open(url: &str, options: &RedisOptions) -> Result<Self, PoolError> {
+    /// Opens (lazily) the connection `url` and `options` describe, and the
+    /// opener of direct connections to the same primary.
+    pub(crate) fn open(
+        url: &str,
+        options: &RedisOptions,
+    ) -> Result<(Self, DirectOpener), PoolError> {
         let certificates = match &options.ca_file {
             None => None,
             Some(path) => Some(TlsCertificates {
@@ -98,6 +191,7 @@ impl PoolConnection {
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
                 .collect();
+            let seed = nodes.first().copied().unwrap_or_default();
             let mut builder = ClusterClientBuilder::new(nodes)
                 .connection_timeout(options.timeout)
                 .response_timeout(options.timeout)
@@ -105,24 +199,34 @@ impl PoolConnection {
                 // it would run an extraction a second time. The adapter
                 // repeats only what is safe to repeat (`RedisPool::call`).
                 .retries(0);
-            if let Some(certs) = certificates {
+            if let Some(certs) = certificates.clone() {
                 builder = builder.certs(certs);
             }
             let client = builder
                 .build()
                 .map_err(|_| PoolError::Internal("invalid Redis Cluster URL".into()))?;
-            return Ok(Self {
-                inner: Inner::Cluster(Arc::new(LazyCluster {
-                    client,
-                    conn: OnceCell::new(),
-                })),
+            let lazy = Arc::new(LazyCluster {
+                client,
+                conn: OnceCell::new(),
             });
+            let opener = DirectOpener {
+                client: single_client(seed, certificates)?,
+                cluster: Some(Arc::clone(&lazy)),
+                timeout: options.timeout,
+            };
+            return Ok((
+                Self {
+                    inner: Inner::Cluster(lazy),
+                },
+                opener,
+            ));
         }
-        let client = match certificates {
-            Some(certs) => redis::Client::build_with_tls(url, certs),
-            None => redis::Client::open(url),
-        }
-        .map_err(|_| PoolError::Internal("invalid Redis URL".into()))?;
+        let client = single_client(url, certificates)?;
+        let opener = DirectOpener {
+            client: client.clone(),
+            cluster: None,
+            timeout: options.timeout,
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.timeout))
             .set_response_timeout(Some(options.timeout))
@@ -130,9 +234,12 @@ impl PoolConnection {
             .set_min_delay(Duration::from_millis(20))
             .set_max_delay(Duration::from_millis(200));
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        Ok(Self {
-            inner: Inner::Single(conn),
-        })
+        Ok((
+            Self {
+                inner: Inner::Single(conn),
+            },
+            opener,
+        ))
     }
 
     /// `true` for a Redis Cluster connection.
@@ -152,6 +259,7 @@ impl PoolConnection {
         cmd.arg(replicas).arg(timeout.as_millis() as u64);
         match &mut self.inner {
             Inner::Single(conn) => cmd.query_async(conn).await,
+            Inner::Direct(conn) => cmd.query_async(conn).await,
             Inner::Cluster(lazy) => {
                 let mut conn = lazy.get().await?;
                 let route = Route::with_key(keys::PROXIES, SlotAddr::Master);
@@ -171,6 +279,7 @@ impl ConnectionLike for PoolConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match &mut self.inner {
             Inner::Single(conn) => conn.req_packed_command(cmd),
+            Inner::Direct(conn) => conn.req_packed_command(cmd),
             Inner::Cluster(lazy) => Box::pin(async move {
                 let mut conn = lazy.get().await?;
                 conn.req_packed_command(cmd).await
@@ -186,6 +295,7 @@ impl ConnectionLike for PoolConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match &mut self.inner {
             Inner::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Inner::Direct(conn) => conn.req_packed_commands(pipeline, offset, count),
             Inner::Cluster(lazy) => Box::pin(async move {
                 let mut conn = lazy.get().await?;
                 conn.req_packed_commands(pipeline, offset, count).await
@@ -196,7 +306,20 @@ impl ConnectionLike for PoolConnection {
     fn get_db(&self) -> i64 {
         match &self.inner {
             Inner::Single(conn) => conn.get_db(),
+            Inner::Direct(conn) => conn.get_db(),
             Inner::Cluster(_) => 0,
         }
     }
+}
+
+/// A client for one server, trusting `certificates` when given.
+fn single_client(
+    url: &str,
+    certificates: Option<TlsCertificates>,
+) -> Result<redis::Client, PoolError> {
+    match certificates {
+        Some(certs) => redis::Client::build_with_tls(url, certs),
+        None => redis::Client::open(url),
+    }
+    .map_err(|_| PoolError::Internal("invalid Redis URL".into()))
 }

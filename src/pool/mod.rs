@@ -14,6 +14,7 @@
 //! full. (The in-memory reference model lives with the tests, in
 //! `tests/common/model.rs`.)
 
+mod acknowledger;
 mod connection;
 mod contract;
 mod error;

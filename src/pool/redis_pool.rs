@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use redis::{FromRedisValue, Script, ScriptInvocation};
 use serde::Serialize;
 
+use super::acknowledger::{Acked, Acknowledger};
 use super::connection::{PoolConnection, RedisOptions};
 use super::error::{OutageClass, PoolError, refused_before_running};
 use super::keys;
@@ -59,9 +60,10 @@ fn restricting(list: &[String]) -> Option<&[String]> {
 #[derive(Clone)]
 pub struct RedisPool {
     conn: PoolConnection,
+    /// Present when extractions wait for replicas (`PROXY_POOL_REPLICA_ACKS`).
+    acks: Option<Arc<Acknowledger>>,
     timeout: Duration,
     replica_acks: u32,
-    replica_ack_timeout: Duration,
     started: Instant,
     last_used_ms: Arc<AtomicU64>,
     suspect: Arc<AtomicBool>,
@@ -109,11 +111,20 @@ impl RedisPool {
     /// A pool over `url` (in cluster mode: comma-separated seed nodes).
     /// Connects lazily; every call is bounded by `options.timeout`.
     pub fn with_options(url: &str, options: &RedisOptions) -> Result<Self, PoolError> {
+        let (conn, direct) = PoolConnection::open(url, options)?;
+        let acks = (options.replica_acks > 0).then(|| {
+            Acknowledger::new(
+                direct,
+                options.replica_acks,
+                options.replica_ack_timeout,
+                options.timeout,
+            )
+        });
         Ok(Self {
-            conn: PoolConnection::open(url, options)?,
+            conn,
+            acks,
             timeout: options.timeout,
             replica_acks: options.replica_acks,
-            replica_ack_timeout: options.replica_ack_timeout,
             started: Instant::now(),
             last_used_ms: Arc::new(AtomicU64::new(0)),
             suspect: Arc::new(AtomicBool::new(false)),
@@ -193,66 +204,75 @@ impl RedisPool {
         }
         // Repeating the script after a dropped connection is only safe when
         // the idempotency record can tell whether the first attempt committed.
-        // "again": the call only removed index entries that can no longer be
-        // handed out (bounded work per call); the next call answers exactly.
         let retry_on_drop = q.idempotency.is_some();
-        let mut conn = self.conn.clone();
-        let reply: Vec<String> = self
-            .bounded(async {
-                let mut cleanups = 0u32;
-                loop {
-                    let reply: Vec<String> = self.call(&mut conn, &inv, retry_on_drop).await?;
-                    if reply.len() != 1 || reply[0] != "again" {
-                        if cleanups > 0 {
-                            tracing::debug!(cleanups, "index cleanup calls before the extraction");
-                        }
-                        return Ok(reply);
-                    }
-                    cleanups += 1;
-                }
-            })
-            .await?;
-        let committed = |json: &str| {
-            serde_json::from_str::<CommittedExtraction>(json)
-                .map_err(|e| PoolError::Internal(format!("unreadable committed result: {e}")))
+        let Some(acks) = &self.acks else {
+            let reply = self
+                .run_extract(&mut self.conn.clone(), &inv, retry_on_drop)
+                .await?;
+            return parse_extract_reply(&reply);
         };
-        let outcome = match reply.as_slice() {
-            [tag, json] if tag == "ok" => ExtractionOutcome::Committed(committed(json)?),
-            [tag, json] if tag == "replay" => ExtractionOutcome::Replayed(committed(json)?),
-            [tag] if tag == "conflict" => ExtractionOutcome::KeyReused,
-            [tag, n, at] if tag == "insufficient" => ExtractionOutcome::Insufficient {
-                available: n.parse().unwrap_or(0),
-                at_ms: at.parse().unwrap_or(0),
-            },
-            _ => return Err(PoolError::Internal("unexpected extract reply".into())),
-        };
-        match outcome {
-            ExtractionOutcome::Committed(_) | ExtractionOutcome::Replayed(_)
-                if self.replica_acks > 0 =>
-            {
-                match self.replicated().await {
-                    Ok(n) if n >= u64::from(self.replica_acks) => Ok(outcome),
-                    Ok(acknowledged) => Ok(ExtractionOutcome::NotReplicated { acknowledged }),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "replica acknowledgement failed");
-                        Ok(ExtractionOutcome::NotReplicated { acknowledged: 0 })
-                    }
-                }
+        // With replica acks: on a lane of its own, so that the `WAIT` that
+        // confirms it provably follows it on the same socket.
+        let ticket = acks.enter();
+        let lane = self.bounded(acks.connection(ticket.lane())).await?;
+        let reply = match self
+            .run_extract(&mut lane.conn.clone(), &inv, retry_on_drop)
+            .await
+        {
+            Ok(reply) => reply,
+            Err(e) => {
+                acks.discard_after(&lane, &e).await;
+                return Err(e);
             }
-            other => Ok(other),
+        };
+        let outcome = parse_extract_reply(&reply)?;
+        if !matches!(
+            outcome,
+            ExtractionOutcome::Committed(_) | ExtractionOutcome::Replayed(_)
+        ) {
+            return Ok(outcome);
+        }
+        let acked = tokio::time::timeout(self.timeout, ticket.acknowledged(lane.epoch))
+            .await
+            .unwrap_or(Acked::Failed(OutageClass::Timeout));
+        match acked {
+            Acked::Replicas(n) if n >= u64::from(self.replica_acks) => Ok(outcome),
+            Acked::Replicas(acknowledged) => Ok(ExtractionOutcome::NotReplicated { acknowledged }),
+            Acked::Replaced => {
+                tracing::warn!(
+                    class = OutageClass::Replication.as_str(),
+                    "the connection that carried the extraction was replaced before WAIT"
+                );
+                Ok(ExtractionOutcome::NotReplicated { acknowledged: 0 })
+            }
+            Acked::Failed(class) => {
+                tracing::warn!(class = class.as_str(), "replica acknowledgement failed");
+                Ok(ExtractionOutcome::NotReplicated { acknowledged: 0 })
+            }
         }
     }
 
-    /// `WAIT` for the configured replicas on the connection that just ran
-    /// the script. Bounded like every call; the server-side wait is shorter
-    /// than the bound (the configuration insists), so a missing replica is
-    /// an answer (`Ok(n)` with `n` too small), not a timeout.
-    async fn replicated(&self) -> Result<u64, PoolError> {
-        let mut conn = self.conn.clone();
+    /// The extraction script on `conn`, bounded, repeated while it only
+    /// cleaned the index ("again": bounded work per call; the next call
+    /// answers exactly).
+    async fn run_extract(
+        &self,
+        conn: &mut PoolConnection,
+        inv: &ScriptInvocation<'_>,
+        retry_on_drop: bool,
+    ) -> Result<Vec<String>, PoolError> {
         self.bounded(async {
-            Ok(conn
-                .wait_for_replicas(self.replica_acks, self.replica_ack_timeout)
-                .await?)
+            let mut cleanups = 0u32;
+            loop {
+                let reply: Vec<String> = self.call(conn, inv, retry_on_drop).await?;
+                if reply.len() != 1 || reply[0] != "again" {
+                    if cleanups > 0 {
+                        tracing::debug!(cleanups, "index cleanup calls before the extraction");
+                    }
+                    return Ok(reply);
+                }
+                cleanups += 1;
+            }
         })
         .await
     }
@@ -422,4 +442,22 @@ async fn ping(conn: &mut PoolConnection) -> Result<(), PoolError> {
         }
     }
     Ok(())
+}
+
+/// The extraction script's reply as an outcome.
+fn parse_extract_reply(reply: &[String]) -> Result<ExtractionOutcome, PoolError> {
+    let committed = |json: &str| {
+        serde_json::from_str::<CommittedExtraction>(json)
+            .map_err(|e| PoolError::Internal(format!("unreadable committed result: {e}")))
+    };
+    Ok(match reply {
+        [tag, json] if tag == "ok" => ExtractionOutcome::Committed(committed(json)?),
+        [tag, json] if tag == "replay" => ExtractionOutcome::Replayed(committed(json)?),
+        [tag] if tag == "conflict" => ExtractionOutcome::KeyReused,
+        [tag, n, at] if tag == "insufficient" => ExtractionOutcome::Insufficient {
+            available: n.parse().unwrap_or(0),
+            at_ms: at.parse().unwrap_or(0),
+        },
+        _ => return Err(PoolError::Internal("unexpected extract reply".into())),
+    })
 }
