@@ -12,9 +12,9 @@
 //!   scheduled health check, or an error.
 //! * [`server`] → distribution, security: the plain HTTP server behind
 //!   `proxy-pool serve`.
-//! * [`startup`] → config, secrets, security: what the Lambda function and
-//!   `serve` do before serving, the same way: the Redis URL and the client
-//!   registry.
+//! * [`startup`] → config, secrets, security, pool: what the Lambda function
+//!   and `serve` do before serving, the same way: the Redis URL (re-read from
+//!   its secret when Redis refuses it), the pool and the client registry.
 //! * [`config`] → pool, security, extraction, distribution: typed settings
 //!   from `PROXY_POOL_*` variables, and the plain option structs each layer
 //!   takes (no layer below reads the configuration itself).

@@ -11,7 +11,6 @@ use lambda_runtime::{Error, service_fn};
 use proxy_pool::config::Config;
 use proxy_pool::distribution::App;
 use proxy_pool::lambda::Function;
-use proxy_pool::pool::RedisPool;
 use proxy_pool::security::Guard;
 use proxy_pool::startup::{self, LocalRegistry};
 
@@ -23,8 +22,8 @@ async fn main() -> Result<(), Error> {
     let url = startup::redis_url(&config, store.as_ref())
         .await?
         .ok_or("PROXY_POOL_REDIS_URL: is required in Lambda")?;
+    let pool = startup::redis_pool(&config, store.as_ref(), &url)?;
     let registry = startup::client_registry(&config, store, LocalRegistry::default()).await?;
-    let pool = RedisPool::with_options(&url, &config.redis_options())?;
     let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
     let app = Arc::new(App::new(config.settings(), pool.clone(), Arc::new(guard)));
     let function = Arc::new(Function::new(app, pool, &config));

@@ -3,9 +3,13 @@
 //! Manager secret) and the client registry (Secrets Manager, a local file,
 //! or a fixed one), chosen by the same rules.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use crate::config::Config;
+use crate::pool::{CredentialSource, PoolError, RedisPool};
 use crate::secrets::{
     RegistrySource, SecretStore, redis_url_from_secret, start_registry, start_registry_strict,
 };
@@ -44,6 +48,45 @@ pub async fn redis_url(
         }
         _ => Ok(config.redis_url.clone()),
     }
+}
+
+/// The Redis secret read again (after Redis refused its credentials).
+struct RedisSecret {
+    store: SecretStore,
+    id: String,
+    base: Option<String>,
+}
+
+impl CredentialSource for RedisSecret {
+    fn fresh_url(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
+        Box::pin(async move {
+            let secret = self.store.fetch(&self.id).await.ok()?;
+            redis_url_from_secret(&secret, self.base.as_deref()).ok()
+        })
+    }
+}
+
+/// The pool over `url`. When the URL came from `PROXY_POOL_REDIS_SECRET_ID`,
+/// that secret is read again after Redis refuses the credentials (bounded:
+/// see [`crate::pool::CREDENTIAL_REREAD_EVERY`]), so a rotated AUTH token
+/// reaches running instances without a redeploy.
+pub fn redis_pool(
+    config: &Config,
+    store: Option<&SecretStore>,
+    url: &str,
+) -> Result<RedisPool, PoolError> {
+    let pool = RedisPool::with_options(url, &config.redis_options())?;
+    Ok(match (&config.redis_secret_id, store) {
+        (Some(id), Some(store)) => pool.with_credential_source(
+            url,
+            Arc::new(RedisSecret {
+                store: store.clone(),
+                id: id.clone(),
+                base: config.redis_url.clone(),
+            }),
+        ),
+        _ => pool,
+    })
 }
 
 /// A registry the caller has at hand: a local file (`serve --clients`), or

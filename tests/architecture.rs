@@ -12,7 +12,7 @@ const RULE: [(&str, &[&str]); 14] = [
         &["distribution", "scheduled", "pool", "config", "clock"],
     ),
     ("server", &["distribution", "security"]),
-    ("startup", &["config", "secrets", "security"]),
+    ("startup", &["config", "secrets", "security", "pool"]),
     (
         "config",
         &["pool", "security", "extraction", "distribution"],

@@ -9,11 +9,14 @@ use std::time::Duration;
 
 use aws_sdk_secretsmanager::config::{BehaviorVersion, Credentials, Region};
 use common::{Harness, proxies};
+use proxy_pool::local::RedisServer;
+use proxy_pool::pool::{OutageClass, RedisPool};
 use proxy_pool::secrets::{
     RegistrySource, SecretStore, redis_url_from_secret, refresh, start_registry,
 };
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{AuthSchemes, RegistryHandle};
+use proxy_pool::startup;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -196,4 +199,111 @@ async fn redis_url_from_a_secret() {
     pool.ping().await.unwrap();
     let err = store.fetch("nope").await.unwrap_err().to_string();
     assert!(err.starts_with("secret nope:"), "{err}");
+}
+
+/// Extraction from 127.0.0.1:1, checked against the contract.
+async fn extract_once(app: &proxy_pool::distribution::App) -> common::Reply {
+    common::extract_as(app, r#"{"count":1}"#, &[], "127.0.0.1:1").await
+}
+
+/// Redis refusing the password is a 503 for extraction and readiness
+/// alike (never a 500): the service is unavailable, not broken.
+#[tokio::test]
+async fn a_refused_password_is_503() {
+    let redis = RedisServer::start_with(&["--requirepass", "right-pw"])
+        .await
+        .expect("redis-server must be installed");
+    let config = common::test_config();
+    let url = format!("redis://:wrong-pw@127.0.0.1:{}/", redis.port());
+    let pool = RedisPool::with_options(&url, &config.redis_options()).unwrap();
+    let app = common::app_over(&config, pool.clone());
+    let r = extract_once(&app).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (503, "SERVICE_UNAVAILABLE"),
+        "{}",
+        r.body
+    );
+    let ready = common::send(
+        &app,
+        lambda_http::http::Request::get("/health/ready")
+            .body(lambda_http::Body::Empty)
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    let err = pool.ping().await.unwrap_err();
+    assert_eq!(err.outage_class(), Some(OutageClass::Authentication));
+    assert!(!err.to_string().contains("wrong-pw"), "{err}");
+}
+
+/// A rotated Redis password reaches the running service without a
+/// redeploy. The secret (moto) and then Redis (`requirepass`) change while
+/// it runs, and Redis closes every connection: answers are 503 (never 500)
+/// until Redis refuses the old password, which makes the service read the
+/// secret again and reconnect with the new one; then 200 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_redis_password_is_picked_up_without_a_redeploy() {
+    let moto = Moto::start().await;
+    let redis = RedisServer::start_with(&["--requirepass", "old-rotating-pw"])
+        .await
+        .expect("redis-server must be installed");
+    moto.create("proxy-pool/redis", r#"{"password":"old-rotating-pw"}"#)
+        .await;
+    let store = SecretStore::new(moto.client.clone());
+    let mut config = common::test_config();
+    config.redis_secret_id = Some("proxy-pool/redis".into());
+    config.redis_url = Some(format!("redis://127.0.0.1:{}/", redis.port()));
+    let url = startup::redis_url(&config, Some(&store))
+        .await
+        .unwrap()
+        .unwrap();
+    let pool = startup::redis_pool(&config, Some(&store), &url).unwrap();
+    let app = common::app_over(&config, pool.clone());
+    pool.upsert(&proxies("rot", 50)).await.unwrap();
+    assert_eq!(extract_once(&app).await.status, 200);
+
+    moto.put("proxy-pool/redis", r#"{"password":"new-rotating-pw"}"#)
+        .await;
+    let mut admin = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("new-rotating-pw")
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    let _: Result<(), _> = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query_async(&mut admin)
+        .await;
+
+    let started = std::time::Instant::now();
+    let mut refused = 0;
+    loop {
+        let r = extract_once(&app).await;
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(
+            (r.status, r.code()),
+            (503, "SERVICE_UNAVAILABLE"),
+            "{}",
+            r.body
+        );
+        refused += 1;
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still refused after {refused} requests"
+        );
+        // The client's own back-off before it retries.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(refused >= 1, "the old connection was never refused");
 }

@@ -34,4 +34,6 @@ pub use query::{
     CommittedExtraction, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope,
     PooledProxy, Protocol, Selection,
 };
-pub use redis_pool::{Admission, Limit, LimitState, RedisPool};
+pub use redis_pool::{
+    Admission, CREDENTIAL_REREAD_EVERY, CredentialSource, Limit, LimitState, RedisPool,
+};

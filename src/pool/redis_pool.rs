@@ -2,8 +2,9 @@
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::Arc;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::{FromRedisValue, Script, ScriptInvocation};
@@ -56,12 +57,56 @@ fn restricting(list: &[String]) -> Option<&[String]> {
     (!list.is_empty()).then_some(list)
 }
 
-/// The pool in Redis. Cheap to clone; clones share one connection.
+/// Where a fresh Redis URL comes from when Redis refuses the current
+/// credentials (e.g. the Secrets Manager secret holding a rotated AUTH
+/// token). `None`: nothing new could be read.
+pub trait CredentialSource: Send + Sync {
+    /// Reads the URL again.
+    fn fresh_url(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>>;
+}
+
+/// The connections in use, replaced together when the URL changes.
 #[derive(Clone)]
-pub struct RedisPool {
+struct Link {
     conn: PoolConnection,
     /// Present when extractions wait for replicas (`PROXY_POOL_REPLICA_ACKS`).
     acks: Option<Arc<Acknowledger>>,
+}
+
+impl Link {
+    fn open(url: &str, options: &RedisOptions) -> Result<Self, PoolError> {
+        let (conn, direct) = PoolConnection::open(url, options)?;
+        let acks = (options.replica_acks > 0).then(|| {
+            Acknowledger::new(
+                direct,
+                options.replica_acks,
+                options.replica_ack_timeout,
+                options.timeout,
+            )
+        });
+        Ok(Self { conn, acks })
+    }
+}
+
+/// Re-reading credentials after an authentication failure: at most one
+/// read at a time, and at most one per [`CREDENTIAL_REREAD_EVERY`].
+struct Reread {
+    source: Arc<dyn CredentialSource>,
+    url: Mutex<String>,
+    last: Mutex<Option<Instant>>,
+    running: AtomicBool,
+}
+
+/// Least time between two re-reads of the credentials (the first one after
+/// a failure is immediate).
+pub const CREDENTIAL_REREAD_EVERY: Duration = Duration::from_secs(10);
+
+/// The pool in Redis. Cheap to clone; clones share one connection.
+#[derive(Clone)]
+pub struct RedisPool {
+    link: Arc<RwLock<Link>>,
+    options: RedisOptions,
+    reread: Option<Arc<Reread>>,
     timeout: Duration,
     replica_acks: u32,
     started: Instant,
@@ -111,18 +156,10 @@ impl RedisPool {
     /// A pool over `url` (in cluster mode: comma-separated seed nodes).
     /// Connects lazily; every call is bounded by `options.timeout`.
     pub fn with_options(url: &str, options: &RedisOptions) -> Result<Self, PoolError> {
-        let (conn, direct) = PoolConnection::open(url, options)?;
-        let acks = (options.replica_acks > 0).then(|| {
-            Acknowledger::new(
-                direct,
-                options.replica_acks,
-                options.replica_ack_timeout,
-                options.timeout,
-            )
-        });
         Ok(Self {
-            conn,
-            acks,
+            link: Arc::new(RwLock::new(Link::open(url, options)?)),
+            options: options.clone(),
+            reread: None,
             timeout: options.timeout,
             replica_acks: options.replica_acks,
             started: Instant::now(),
@@ -132,10 +169,80 @@ impl RedisPool {
         })
     }
 
+    /// When Redis refuses the credentials of `url` (the URL this pool was
+    /// opened with), asks `source` for a fresh URL (bounded: see
+    /// [`CREDENTIAL_REREAD_EVERY`]) and reconnects with it if it changed,
+    /// so a rotated password needs no redeploy.
+    pub fn with_credential_source(mut self, url: &str, source: Arc<dyn CredentialSource>) -> Self {
+        self.reread = Some(Arc::new(Reread {
+            source,
+            url: Mutex::new(url.to_owned()),
+            last: Mutex::new(None),
+            running: AtomicBool::new(false),
+        }));
+        self
+    }
+
+    fn link(&self) -> Link {
+        self.link
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Starts a re-read of the credentials, unless one runs or ran recently.
+    fn reread_credentials(&self) {
+        let Some(reread) = self.reread.clone() else {
+            return;
+        };
+        {
+            let mut last = reread.last.lock().unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|at| at.elapsed() < CREDENTIAL_REREAD_EVERY)
+                || reread.running.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            reread.running.store(false, Ordering::SeqCst);
+            return;
+        };
+        let pool = self.clone();
+        runtime.spawn(async move {
+            let fresh = reread.source.fresh_url().await;
+            let changed = {
+                let mut url = reread.url.lock().unwrap_or_else(PoisonError::into_inner);
+                match fresh {
+                    Some(fresh) if *url != fresh => {
+                        *url = fresh.clone();
+                        Some(fresh)
+                    }
+                    _ => None,
+                }
+            };
+            match changed.map(|url| Link::open(&url, &pool.options)) {
+                Some(Ok(link)) => {
+                    *pool.link.write().unwrap_or_else(PoisonError::into_inner) = link;
+                    tracing::warn!(
+                        class = OutageClass::Authentication.as_str(),
+                        "Redis credentials re-read and changed: reconnecting with them"
+                    );
+                }
+                Some(Err(e)) => tracing::error!(error = %e, "re-read Redis URL unusable"),
+                None => tracing::warn!(
+                    class = OutageClass::Authentication.as_str(),
+                    "Redis credentials re-read: unchanged or unreadable"
+                ),
+            }
+            reread.running.store(false, Ordering::SeqCst);
+        });
+    }
+
     /// Readiness: Redis answers, runs a supported version, and the
     /// extraction script is loaded.
     pub async fn ping(&self) -> Result<(), PoolError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.link().conn;
         self.bounded(async {
             ping(&mut conn).await?;
             self.check_version(&mut conn).await?;
@@ -205,9 +312,10 @@ impl RedisPool {
         // Repeating the script after a dropped connection is only safe when
         // the idempotency record can tell whether the first attempt committed.
         let retry_on_drop = q.idempotency.is_some();
-        let Some(acks) = &self.acks else {
+        let link = self.link();
+        let Some(acks) = &link.acks else {
             let reply = self
-                .run_extract(&mut self.conn.clone(), &inv, retry_on_drop)
+                .run_extract(&mut link.conn.clone(), &inv, retry_on_drop)
                 .await?;
             return parse_extract_reply(&reply);
         };
@@ -345,7 +453,7 @@ impl RedisPool {
 
     /// A clone of the underlying connection, for callers that need raw commands.
     pub fn connection(&self) -> PoolConnection {
-        self.conn.clone()
+        self.link().conn
     }
 
     /// Runs a script once, bounded by the timeout.
@@ -354,7 +462,7 @@ impl RedisPool {
         inv: &ScriptInvocation<'_>,
         retry_on_drop: bool,
     ) -> Result<T, PoolError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.link().conn;
         self.bounded(self.call(&mut conn, inv, retry_on_drop)).await
     }
 
@@ -422,7 +530,12 @@ impl RedisPool {
                 self.last_used_ms
                     .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
             }
-            Err(PoolError::Unavailable(_)) => self.suspect.store(true, Ordering::Relaxed),
+            Err(PoolError::Unavailable(outage)) => {
+                self.suspect.store(true, Ordering::Relaxed);
+                if outage.class == OutageClass::Authentication {
+                    self.reread_credentials();
+                }
+            }
             Err(PoolError::Internal(_)) => {}
         }
         result

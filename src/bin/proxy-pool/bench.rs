@@ -34,8 +34,8 @@
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -43,8 +43,10 @@ use lambda_http::Body;
 use lambda_http::http::{Request, StatusCode};
 use proxy_pool::config::Config;
 use proxy_pool::distribution::{self, App, EXTRACT_PATH};
-use proxy_pool::local::{LocalError, PoolShape, RedisServer, synthetic_proxy};
-use proxy_pool::pool::{NewProxy, PoolConnection, PoolError, RedisPool, UpsertStatus, keys};
+use proxy_pool::local::{LocalError, PoolShape, RedisServer, Relay, synthetic_proxy};
+use proxy_pool::pool::{
+    NewProxy, PoolConnection, PoolError, RedisOptions, RedisPool, UpsertStatus, keys,
+};
 use proxy_pool::security::{AuthSchemes, Guard, PeerAddr, RegistryHandle, SourcePolicy};
 
 use crate::CliResult;
@@ -156,6 +158,13 @@ pub struct Plan {
     pub baseline_seconds: f64,
     /// Send a fresh `Idempotency-Key` with every request.
     pub idempotency: bool,
+    /// Replicas of the private Redis, each behind a relay that delays
+    /// replication (0: none).
+    pub replicas: usize,
+    /// Replication delays to measure, milliseconds (with `replicas`).
+    pub replica_lags_ms: Vec<f64>,
+    /// `PROXY_POOL_REPLICA_ACKS` values to measure (0: answer at once).
+    pub replica_acks: Vec<u32>,
 }
 
 impl Plan {
@@ -184,6 +193,9 @@ impl Plan {
             max_requests: 20_000,
             baseline_seconds: 1.0,
             idempotency: false,
+            replicas: 0,
+            replica_lags_ms: vec![0.0],
+            replica_acks: vec![0],
         }
     }
 
@@ -199,6 +211,9 @@ impl Plan {
             max_requests: 300,
             baseline_seconds: 0.2,
             idempotency: false,
+            replicas: 0,
+            replica_lags_ms: vec![0.0],
+            replica_acks: vec![0],
         }
     }
 }
@@ -230,6 +245,31 @@ pub async fn command(args: BenchArgs) -> CliResult {
     plan.max_requests = args.max_requests.unwrap_or(plan.max_requests);
     plan.baseline_seconds = args.baseline_seconds.unwrap_or(plan.baseline_seconds);
     plan.idempotency = args.idempotency;
+    plan.replicas = args.replicas;
+    if !args.replica_lag_ms.is_empty() {
+        plan.replica_lags_ms = args.replica_lag_ms;
+    }
+    if !args.replica_acks.is_empty() {
+        plan.replica_acks = args.replica_acks;
+    }
+    if plan
+        .replica_acks
+        .iter()
+        .any(|&a| a as usize > plan.replicas)
+        || plan
+            .replica_lags_ms
+            .iter()
+            .any(|l| !(0.0..=1000.0).contains(l))
+        || plan.replicas > 4
+    {
+        return Err(
+            "--replicas must be 0..=4, --replica-acks at most --replicas, --replica-lag-ms 0..=1000"
+                .into(),
+        );
+    }
+    if plan.replicas > 0 && args.redis_url.is_some() {
+        return Err("--replicas needs the bench's private Redis (no --redis-url)".into());
+    }
     if plan.counts.iter().any(|c| !(1..=1000).contains(c))
         || plan.concurrency.iter().any(|c| !(1..=1024).contains(c))
         || !(plan.seconds > 0.0 && plan.baseline_seconds > 0.0)
@@ -302,6 +342,10 @@ pub struct Cell {
     pub count: u32,
     /// Concurrent tasks.
     pub concurrency: usize,
+    /// Replication delay of the replicas, ms (with `--replicas`).
+    pub replica_lag_ms: f64,
+    /// Replicas each extraction waited for.
+    pub replica_acks: u32,
     /// Timed requests.
     pub requests: usize,
     /// Proxies handed out by them.
@@ -437,7 +481,11 @@ impl Progress {
 
 /// Everything a run shares.
 struct Bench {
-    app: Arc<App>,
+    /// Handlers, one per `replica_acks` value of the plan.
+    apps: Vec<(u32, Arc<App>)>,
+    /// The replicas' relays (their delay is the replication lag).
+    relays: Vec<Relay>,
+    variant: std::sync::Mutex<Variant>,
     pool: RedisPool,
     conn: PoolConnection,
     trivial: Arc<Script>,
@@ -449,14 +497,66 @@ struct Bench {
     shape: std::sync::Mutex<PoolShape>,
 }
 
+/// The replication setting the current cells run under.
+#[derive(Debug, Clone, Copy, Default)]
+struct Variant {
+    lag_ms: f64,
+    acks: u32,
+    app: usize,
+}
+
+/// Starts `n` replicas of `primary`, each behind a relay (the replication
+/// delay), and waits until they acknowledge writes.
+async fn start_replicas(
+    primary: &RedisServer,
+    n: usize,
+) -> Result<Vec<(RedisServer, Relay)>, BenchError> {
+    let mut replicas = Vec::new();
+    for _ in 0..n {
+        let relay = Relay::start(([127, 0, 0, 1], primary.port()).into())
+            .await
+            .map_err(|e| BenchError::Failed(format!("relay: {e}")))?;
+        let port = relay.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await?;
+        replicas.push((replica, relay));
+    }
+    let client = redis::Client::open(primary.url())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let started = Instant::now();
+    loop {
+        redis::cmd("SET")
+            .arg("bench-replication-probe")
+            .arg(1)
+            .arg("PX")
+            .arg(1000)
+            .query_async::<()>(&mut conn)
+            .await?;
+        let acked: usize = redis::cmd("WAIT")
+            .arg(n)
+            .arg(200)
+            .query_async(&mut conn)
+            .await?;
+        if acked >= n {
+            return Ok(replicas);
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            return Err(BenchError::Failed(
+                "the replicas did not sync in 30 s".into(),
+            ));
+        }
+    }
+}
+
 /// Runs `plan` against `target`.
 pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Report, BenchError> {
     // The private Redis lives as long as this function.
     let mut private = None;
+    let mut replicas = Vec::new();
     let url = match target {
         Target::Private => {
             let server = RedisServer::start().await?;
             let url = server.url();
+            replicas = start_replicas(&server, plan.replicas).await?;
             private = Some(server);
             url
         }
@@ -478,12 +578,25 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         ..Config::default()
     };
     let pool = RedisPool::new(&url, config.redis_timeout)?;
-    let guard = Guard::new(
-        config.auth_schemes,
-        SourcePolicy::default(),
-        RegistryHandle::default(),
-    );
-    let app = Arc::new(App::new(config.settings(), pool.clone(), Arc::new(guard)));
+    let mut apps = Vec::new();
+    for &acks in &plan.replica_acks {
+        let options = RedisOptions {
+            replica_acks: acks,
+            replica_ack_timeout: config.replica_ack_timeout,
+            ..config.redis_options()
+        };
+        let guard = Guard::new(
+            config.auth_schemes,
+            SourcePolicy::default(),
+            RegistryHandle::default(),
+        );
+        let pool = RedisPool::with_options(&url, &options)?;
+        apps.push((
+            acks,
+            Arc::new(App::new(config.settings(), pool, Arc::new(guard))),
+        ));
+    }
+    let (replica_servers, relays): (Vec<_>, Vec<_>) = replicas.into_iter().unzip();
     let mut conn = pool.connection();
     let info: String = redis::cmd("INFO")
         .arg("server")
@@ -491,7 +604,9 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         .await?;
     let redis_version = info_field(&info, "redis_version").unwrap_or_default();
     let bench = Bench {
-        app,
+        apps,
+        relays,
+        variant: std::sync::Mutex::new(Variant::default()),
         conn,
         pool,
         trivial: Arc::new(Script::new("return 1")),
@@ -540,18 +655,27 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
                 per_sec: n as f64 / seconds,
                 redis_bytes_per_proxy: used.map(|b| b / n as f64),
             });
-            let total = plan.filters.len() * plan.counts.len() * plan.concurrency.len();
+            let total = plan.filters.len()
+                * plan.counts.len()
+                * plan.concurrency.len()
+                * plan.replica_lags_ms.len()
+                * plan.replica_acks.len();
             bench.progress.start(
                 total as u64,
                 format!("N={}, {} combinations", human(n), shape.combinations()),
             );
-            for &filter in &plan.filters {
-                for &count in &plan.counts {
-                    for &c in &plan.concurrency {
-                        let cell = bench.cell(&plan, n, filter, count, c).await?;
-                        bench.progress.note(row(&cell));
-                        bench.progress.inc(1);
-                        cells.push(cell);
+            for &lag_ms in &plan.replica_lags_ms {
+                for (app, &acks) in plan.replica_acks.iter().enumerate() {
+                    bench.set_variant(Variant { lag_ms, acks, app });
+                    for &filter in &plan.filters {
+                        for &count in &plan.counts {
+                            for &c in &plan.concurrency {
+                                let cell = bench.cell(&plan, n, filter, count, c).await?;
+                                bench.progress.note(row(&cell, plan.replicas > 0));
+                                bench.progress.inc(1);
+                                cells.push(cell);
+                            }
+                        }
                     }
                 }
             }
@@ -562,6 +686,8 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         .arg("ASYNC")
         .query_async::<()>(&mut bench.conn.clone())
         .await?;
+    drop(bench);
+    drop(replica_servers);
     drop(private);
     Ok(Report {
         plan,
@@ -677,6 +803,22 @@ impl Bench {
     }
 
     /// One (N, shape, filter, count, C) cell.
+    fn variant(&self) -> Variant {
+        *self.variant.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs the next cells with `variant`'s handler and replication delay.
+    fn set_variant(&self, variant: Variant) {
+        for relay in &self.relays {
+            relay.set_delay(Duration::from_secs_f64(variant.lag_ms / 1000.0));
+        }
+        *self.variant.lock().unwrap_or_else(PoisonError::into_inner) = variant;
+    }
+
+    fn app(&self) -> Arc<App> {
+        Arc::clone(&self.apps[self.variant().app].1)
+    }
+
     async fn cell(
         &self,
         plan: &Plan,
@@ -742,6 +884,8 @@ impl Bench {
             pool_at_round_start: target,
             count,
             concurrency: c,
+            replica_lag_ms: self.variant().lag_ms,
+            replica_acks: self.variant().acks,
             requests,
             proxies: all.proxies,
             seconds,
@@ -777,8 +921,9 @@ impl Bench {
         let deadline = Instant::now() + limit;
         let shape = self.shape();
         let mut tasks = JoinSet::new();
+        let app = self.app();
         for task in 0..c {
-            let app = self.app.clone();
+            let app = app.clone();
             let remaining = remaining.clone();
             let first = self.next_request.fetch_add(1 << 32, Ordering::Relaxed);
             let keys = self
@@ -978,7 +1123,7 @@ pub fn parse_size(s: &str) -> Result<usize, ArgError> {
 
 const HEADER: &str = "       N   comb  filter             count    C     ext/s  proxies/s   p50 us   p99 us  trivial/s  ratio  srv us/call  triv srv us  cli us/req";
 
-fn row(c: &Cell) -> String {
+fn row(c: &Cell, replicated: bool) -> String {
     let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
     let mark = if c.pool_at_round_start > c.pool {
         "*"
@@ -1002,6 +1147,9 @@ fn row(c: &Cell) -> String {
         opt(c.trivial_server_us_per_call),
         opt(c.client_cpu_us_per_request),
     );
+    if replicated {
+        let _ = write!(line, " {:>7.1} {:>4}", c.replica_lag_ms, c.replica_acks);
+    }
     if c.short + c.failed > 0 {
         let _ = write!(line, "  ({} short, {} failed)", c.short, c.failed);
     }
@@ -1035,9 +1183,21 @@ impl Report {
                     .map_or("-".to_owned(), |b| format!("{b:.0}"))
             );
         }
-        let _ = writeln!(out, "{HEADER}");
+        let replicated = self.plan.replicas > 0;
+        let _ = writeln!(
+            out,
+            "{HEADER}{}",
+            if replicated { "  lag ms acks" } else { "" }
+        );
         for c in &self.cells {
-            let _ = writeln!(out, "{}", row(c));
+            let _ = writeln!(out, "{}", row(c, replicated));
+        }
+        if replicated {
+            let _ = writeln!(
+                out,
+                "lag ms = replication delay of each of the {} replicas (a relay holds what the primary sends); acks = PROXY_POOL_REPLICA_ACKS.",
+                self.plan.replicas
+            );
         }
         let _ = writeln!(
             out,

@@ -229,6 +229,16 @@ pub struct BenchArgs {
     /// also reads and writes the idempotency record).
     #[arg(long)]
     pub idempotency: bool,
+    /// Replicas of the private Redis (0-4), each fed through a relay that
+    /// delays replication by --replica-lag-ms.
+    #[arg(long, default_value_t = 0)]
+    pub replicas: usize,
+    /// Replication delays to measure, milliseconds (e.g. 2,20).
+    #[arg(long, value_delimiter = ',')]
+    pub replica_lag_ms: Vec<f64>,
+    /// PROXY_POOL_REPLICA_ACKS values to measure (e.g. 0,1).
+    #[arg(long, value_delimiter = ',')]
+    pub replica_acks: Vec<u32>,
     /// A smoke run: N=1k, 18 combinations, no filters, counts 1,10, C 1,8,
     /// a few hundred requests per cell.
     #[arg(long)]

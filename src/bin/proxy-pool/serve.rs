@@ -24,6 +24,7 @@ use crate::credentials::new_secret;
 pub async fn run(args: ServeArgs) -> CliResult {
     let mut config = Config::from_env()?;
     let store = startup::secret_store(&config).await;
+    let from_environment = args.redis_url.is_none();
     let configured = match args.redis_url {
         Some(url) => Some(url),
         None => startup::redis_url(&config, store.as_ref()).await?,
@@ -47,7 +48,11 @@ pub async fn run(args: ServeArgs) -> CliResult {
             (url, origin)
         }
     };
-    let pool = RedisPool::with_options(&url, &config.redis_options())?;
+    let pool = if private.is_none() && from_environment {
+        startup::redis_pool(&config, store.as_ref(), &url)?
+    } else {
+        RedisPool::with_options(&url, &config.redis_options())?
+    };
     let mut local = LocalRegistry {
         file: args.clients,
         fixed: None,
