@@ -120,6 +120,7 @@ PY
 function_env=(
   "PROXY_POOL_REDIS_URL=$redis_url" RUST_LOG=info
   PROXY_POOL_AUTH_SCHEMES=apiKey PROXY_POOL_CLIENTS_SECRET_ID=proxy-pool/clients
+  PROXY_POOL_TRUST_ALB=true
   "AWS_ENDPOINT_URL=http://127.0.0.1:$moto_port" AWS_REGION=us-east-1
   AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
 )

@@ -55,7 +55,10 @@ pub struct Config {
     /// `PROXY_POOL_CLIENTS_REFRESH_SECONDS`: how often the registry is reloaded.
     pub clients_refresh: Duration,
     /// `PROXY_POOL_TRUSTED_PROXIES`, `PROXY_POOL_ALLOWED_SOURCES`,
-    /// `PROXY_POOL_DENIED_SOURCES`: comma-separated CIDRs.
+    /// `PROXY_POOL_DENIED_SOURCES`: comma-separated CIDRs;
+    /// `PROXY_POOL_TRUST_ALB`: believe an ALB event's `X-Forwarded-For`;
+    /// `PROXY_POOL_ANONYMOUS_IPV6_PREFIX`: the network (32..128, default 64)
+    /// anonymous IPv6 callers are rate limited by.
     pub sources: SourcePolicy,
     /// `PROXY_POOL_GLOBAL_RATE`: `RATE[:BURST]` for all callers together (default `off`).
     pub global_rate: Option<Rate>,
@@ -149,17 +152,7 @@ impl Config {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let d = Self::default();
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let redis_cluster = match get("PROXY_POOL_REDIS_CLUSTER").as_deref().map(str::trim) {
-            None => d.redis_cluster,
-            Some(v) if v.eq_ignore_ascii_case("true") || v == "1" => true,
-            Some(v) if v.eq_ignore_ascii_case("false") || v == "0" => false,
-            Some(_) => {
-                return Err(ConfigError {
-                    variable: "PROXY_POOL_REDIS_CLUSTER",
-                    reason: "must be `true` or `false`".into(),
-                });
-            }
-        };
+        let redis_cluster = flag(&get, "PROXY_POOL_REDIS_CLUSTER", d.redis_cluster)?;
         let redis_url = get("PROXY_POOL_REDIS_URL");
         if let Some(url) = &redis_url {
             let nodes: Vec<&str> = url.split(',').map(str::trim).collect();
@@ -265,12 +258,35 @@ impl Config {
             )?,
             sources: SourcePolicy {
                 trusted_proxies: nets(&get, "PROXY_POOL_TRUSTED_PROXIES")?,
+                trust_alb: flag(&get, "PROXY_POOL_TRUST_ALB", d.sources.trust_alb)?,
                 allowed: nets(&get, "PROXY_POOL_ALLOWED_SOURCES")?,
                 denied: nets(&get, "PROXY_POOL_DENIED_SOURCES")?,
+                anonymous_ipv6_prefix: number(
+                    &get,
+                    "PROXY_POOL_ANONYMOUS_IPV6_PREFIX",
+                    d.sources.anonymous_ipv6_prefix.into(),
+                    32..=128,
+                )? as u8,
             },
             global_rate: rate(&get, "PROXY_POOL_GLOBAL_RATE", d.global_rate)?,
             client_rate: rate(&get, "PROXY_POOL_CLIENT_RATE", d.client_rate)?,
         })
+    }
+}
+
+fn flag(
+    get: &impl Fn(&str) -> Option<String>,
+    variable: &'static str,
+    default: bool,
+) -> Result<bool, ConfigError> {
+    match get(variable).as_deref().map(str::trim) {
+        None => Ok(default),
+        Some(v) if v.eq_ignore_ascii_case("true") || v == "1" => Ok(true),
+        Some(v) if v.eq_ignore_ascii_case("false") || v == "0" => Ok(false),
+        Some(_) => Err(ConfigError {
+            variable,
+            reason: "must be `true` or `false`".into(),
+        }),
     }
 }
 
@@ -371,6 +387,8 @@ mod tests {
             ("PROXY_POOL_REDIS_SECRET_ID", "redis"),
             ("PROXY_POOL_CLIENTS_REFRESH_SECONDS", "60"),
             ("PROXY_POOL_TRUSTED_PROXIES", "10.0.0.0/8, 192.0.2.1"),
+            ("PROXY_POOL_TRUST_ALB", "true"),
+            ("PROXY_POOL_ANONYMOUS_IPV6_PREFIX", "56"),
             ("PROXY_POOL_DENIED_SOURCES", "203.0.113.0/24"),
             ("PROXY_POOL_GLOBAL_RATE", "100:200"),
             ("PROXY_POOL_CLIENT_RATE", "off"),
@@ -397,6 +415,8 @@ mod tests {
         assert_eq!(c.redis_secret_id.as_deref(), Some("redis"));
         assert_eq!(c.clients_refresh, Duration::from_secs(60));
         assert_eq!(c.sources.trusted_proxies.len(), 2);
+        assert!(c.sources.trust_alb);
+        assert_eq!(c.sources.anonymous_ipv6_prefix, 56);
         assert_eq!(c.sources.denied.len(), 1);
         assert!(c.sources.allowed.is_empty());
         assert_eq!(c.global_rate.map(|r| r.burst), Some(200));
@@ -418,6 +438,9 @@ mod tests {
             ("PROXY_POOL_GLOBAL_RATE", "lots"),
             ("PROXY_POOL_REDIS_CLUSTER", "yes"),
             ("PROXY_POOL_REPLICA_ACKS", "17"),
+            ("PROXY_POOL_TRUST_ALB", "yes"),
+            ("PROXY_POOL_ANONYMOUS_IPV6_PREFIX", "129"),
+            ("PROXY_POOL_ANONYMOUS_IPV6_PREFIX", "16"),
         ] {
             let err = from(&[(var, value)]).unwrap_err();
             assert_eq!(err.variable, var);

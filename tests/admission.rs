@@ -13,7 +13,10 @@ use lambda_http::http::Request;
 use proxy_pool::distribution::{App, EXTRACT_PATH};
 use proxy_pool::pool::RedisPool;
 use proxy_pool::security::credentials::CredentialHash;
-use proxy_pool::security::{AuthSchemes, ClientRegistry, Guard, PeerAddr, Rate, RegistryHandle};
+use proxy_pool::security::{
+    AuthSchemes, ClientRegistry, Guard, PeerAddr, Rate, RegistryHandle, SourcePolicy,
+};
+use serde_json::json;
 
 const KEY: &str = "pp_acme_api_key_0123456789";
 const TOKEN: &str = "tok.acme-0123456789";
@@ -150,6 +153,195 @@ async fn anonymous_beside_keys() {
             .await
             .status,
         401
+    );
+}
+
+/// Every 401, under every combination of schemes, carries at least one
+/// `WWW-Authenticate` challenge (RFC 9110 15.5.2). With only `none` enabled
+/// nothing can be checked or challenged, so no request is 401: credential
+/// headers, good, wrong or malformed, are not read, and the caller is the
+/// anonymous client of its address (its idempotency key replays without them).
+#[tokio::test]
+async fn every_401_carries_a_challenge() {
+    let h = harness("none").await;
+    h.load(&proxies("n", 120)).await;
+    let presented: [&[(&str, &str)]; 7] = [
+        &[],
+        &[("x-api-key", KEY)],
+        &[("x-api-key", "never-issued")],
+        &[("authorization", "Bearer tok.acme-0123456780")],
+        &[("authorization", "Basic !!!")],
+        &[("authorization", "Digest x=1")],
+        &[("x-api-key", KEY), ("authorization", "Bearer x")],
+    ];
+    let body = r#"{"count":1}"#;
+    for bits in 1..16u8 {
+        let schemes = AuthSchemes {
+            api_key: bits & 1 != 0,
+            basic: bits & 2 != 0,
+            bearer: bits & 4 != 0,
+            none: bits & 8 != 0,
+        };
+        let app = app_with(&h, schemes, SourcePolicy::default());
+        for headers in presented {
+            let r = common::send(&app, common::extract_request(body, headers)).await;
+            let challenges = r.headers.get_all("www-authenticate").iter().count();
+            if r.status == 401 {
+                assert!(
+                    challenges >= 1,
+                    "{schemes:?} {headers:?}: 401 without a challenge"
+                );
+            }
+            if !schemes.need_registry() {
+                assert_eq!(r.status, 200, "{schemes:?} {headers:?}: {}", r.body);
+            }
+        }
+    }
+    let key = ("idempotency-key", "none-only-0001");
+    let first = h.extract(body, &[("x-api-key", KEY), key]).await;
+    let again = h.extract(body, &[key]).await;
+    assert_eq!((first.status, again.status), (200, 200));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+}
+
+/// Anonymous IPv6 callers share one per-client limit per /64 (the default
+/// `PROXY_POOL_ANONYMOUS_IPV6_PREFIX`): rotating addresses inside it gains
+/// nothing, the next /64 has its own, and idempotency keys stay scoped to
+/// the one address. With the prefix set to 128 each address is on its own.
+#[tokio::test]
+async fn anonymous_ipv6_callers_are_limited_by_prefix() {
+    let h = Harness::with_config(|c| {
+        c.client_rate = Some(Rate {
+            per_second: 0.01,
+            burst: 2,
+        })
+    })
+    .await;
+    h.load(&proxies("v6", 10)).await;
+    let key = ("idempotency-key", "ipv6-scope-0001");
+    let first = h.send(from("[2001:db8:1:2::1]", &[key])).await;
+    let neighbour = h.send(from("[2001:db8:1:2::2]", &[key])).await;
+    assert_eq!((first.status, neighbour.status), (200, 200));
+    assert_eq!(neighbour.header("idempotent-replayed"), None);
+    assert_ne!(first.ids(), neighbour.ids());
+    let r = h.send(from("[2001:db8:1:2:ffff::9]", &[])).await;
+    assert_eq!((r.status, r.code()), (429, "RATE_LIMITED"), "{}", r.body);
+    assert_eq!(h.send(from("[2001:db8:1:3::1]", &[])).await.status, 200);
+
+    let per_address = SourcePolicy {
+        anonymous_ipv6_prefix: 128,
+        ..SourcePolicy::default()
+    };
+    let app = app_with(&h, h.config.auth_schemes, per_address);
+    for peer in ["[2001:db8:9::1]", "[2001:db8:9::2]", "[2001:db8:9::3]"] {
+        assert_eq!(common::send(&app, from(peer, &[])).await.status, 200);
+    }
+}
+
+/// A forwarded chain from a trusted proxy whose hops, walked from the right,
+/// reach one that is not an address is refused (403 `SOURCE_UNKNOWN`): the
+/// proxy on its right never becomes the client, so a denied caller cannot
+/// pass the source rules as the proxy.
+#[tokio::test]
+async fn a_bad_forwarded_hop_never_makes_the_proxy_the_client() {
+    let h = Harness::with_config(|c| {
+        c.sources.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+        c.sources.denied = vec!["203.0.113.0/24".parse().unwrap()];
+    })
+    .await;
+    h.load(&proxies("f", 5)).await;
+    for chain in [
+        "unknown",
+        "203.0.113.9, garbage, 10.0.0.7",
+        "203.0.113.9, , 10.0.0.7",
+    ] {
+        let r = h
+            .send(from("10.1.2.3", &[("x-forwarded-for", chain)]))
+            .await;
+        assert_eq!((r.status, r.code()), (403, "SOURCE_UNKNOWN"), "{chain}");
+    }
+    let r = h
+        .send(from("10.1.2.3", &[("forwarded", "for=_hidden")]))
+        .await;
+    assert_eq!((r.status, r.code()), (403, "SOURCE_UNKNOWN"));
+    // Garbage left of the first untrusted hop was never trusted: not read.
+    let r = h
+        .send(from(
+            "10.1.2.3",
+            &[("x-forwarded-for", "garbage, 192.0.2.1, 10.0.0.7")],
+        ))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// An ALB event as lambda_http delivers it (no source address in its
+/// request context), with `headers` from the load balancer.
+fn alb_event(headers: serde_json::Value) -> lambda_http::Request {
+    let mut all = json!({"content-type": "application/json"});
+    for (k, v) in headers.as_object().unwrap() {
+        all[k] = v.clone();
+    }
+    let event = json!({
+        "requestContext": {"elb": {"targetGroupArn":
+            "arn:aws:elasticloadbalancing:eu-west-1:123456789012:targetgroup/proxy-pool/6d0ecf831eec9f09"}},
+        "httpMethod": "POST",
+        "path": EXTRACT_PATH,
+        "queryStringParameters": {},
+        "headers": all,
+        "isBase64Encoded": false,
+        "body": r#"{"count":1}"#
+    });
+    lambda_http::request::from_str(&event.to_string()).unwrap()
+}
+
+/// Sends an event as the Lambda function does: no TCP peer.
+async fn deliver(app: &App, event: lambda_http::Request) -> common::Reply {
+    common::reply(
+        EXTRACT_PATH,
+        proxy_pool::distribution::handle(app, event).await,
+    )
+}
+
+/// ALB events: with `PROXY_POOL_TRUST_ALB` the caller is the rightmost
+/// untrusted hop of the `X-Forwarded-For` the ALB appended to (a spoofed
+/// hop to its left is ignored; no header at all is 403); without it every
+/// ALB event is a 403 `SOURCE_UNKNOWN` that says why.
+#[tokio::test]
+async fn alb_events_resolve_through_x_forwarded_for_when_trusted() {
+    let h = Harness::with_config(|c| {
+        c.sources.trust_alb = true;
+        c.sources.denied = vec!["203.0.113.0/24".parse().unwrap()];
+    })
+    .await;
+    h.load(&proxies("alb", 5)).await;
+    let via = |xff: &str| alb_event(json!({"x-forwarded-for": xff}));
+    let r = deliver(&h.app, via("192.0.2.1")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = deliver(&h.app, via("192.0.2.1, 203.0.113.9")).await;
+    assert_eq!((r.status, r.code()), (403, "SOURCE_FORBIDDEN"));
+    let r = deliver(&h.app, via("203.0.113.9, 192.0.2.1")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = deliver(&h.app, alb_event(json!({}))).await;
+    assert_eq!((r.status, r.code()), (403, "SOURCE_UNKNOWN"));
+    // The caller behind the ALB is the same client as when it calls directly.
+    let key = ("idempotency-key", "alb-scope-0001");
+    let direct = h.send(from("192.0.2.77", &[key])).await;
+    let through = deliver(
+        &h.app,
+        alb_event(json!({"x-forwarded-for": "192.0.2.77", "idempotency-key": key.1})),
+    )
+    .await;
+    assert_eq!(through.header("idempotent-replayed"), Some("true"));
+    assert_eq!(through.body, direct.body);
+
+    let untrusted = app_with(&h, h.config.auth_schemes, SourcePolicy::default());
+    let r = deliver(&untrusted, via("192.0.2.1")).await;
+    assert_eq!((r.status, r.code()), (403, "SOURCE_UNKNOWN"));
+    assert!(
+        r.json["detail"].as_str().unwrap().contains("load balancer"),
+        "{}",
+        r.body
     );
 }
 
@@ -295,8 +487,13 @@ async fn upstream_permissions() {
 }
 
 fn second_app(h: &Harness) -> Arc<App> {
+    app_with(h, h.config.auth_schemes, h.config.sources.clone())
+}
+
+/// Another handler instance on `h`'s Redis, with its own schemes and sources.
+fn app_with(h: &Harness, schemes: AuthSchemes, sources: SourcePolicy) -> Arc<App> {
     let pool = RedisPool::new(&h.redis.url(), h.config.redis_timeout).unwrap();
-    let guard = Guard::new(h.config.auth_schemes, h.config.sources.clone(), registry());
+    let guard = Guard::new(schemes, sources, registry());
     Arc::new(App::new(h.config.settings(), pool, Arc::new(guard)))
 }
 

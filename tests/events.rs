@@ -81,12 +81,16 @@ fn event_files() -> Vec<String> {
 }
 
 /// A harness authenticating with API keys against `events/clients/clients.json`,
-/// as a deployment given that document as its clients secret would.
+/// as a deployment given that document as its clients secret would, and
+/// believing an ALB's `X-Forwarded-For` (`PROXY_POOL_TRUST_ALB=true`).
 async fn harness() -> Harness {
     let doc = std::fs::read_to_string(events_dir().join("clients/clients.json")).unwrap();
     let registry = RegistryHandle::with(ClientRegistry::parse(&doc).unwrap());
     Harness::with_registry(
-        |c| c.auth_schemes = AuthSchemes::parse("apiKey").unwrap(),
+        |c| {
+            c.auth_schemes = AuthSchemes::parse("apiKey").unwrap();
+            c.sources.trust_alb = true;
+        },
         registry,
     )
     .await
@@ -155,8 +159,9 @@ async fn http_events_answer_as_documented_in_process() {
 }
 
 /// Every event through [`Function::invoke`], as the Lambda runtime delivers
-/// it: HTTP events come back as API Gateway v2 responses with the documented
-/// status, the scheduled event as the health-check summary, the rest as errors.
+/// it: HTTP events come back in their origin's response shape (API Gateway
+/// v2, ALB) with the documented status, the scheduled event as the
+/// health-check summary, the rest as errors.
 #[tokio::test]
 async fn every_event_through_the_function() {
     let h = harness().await;

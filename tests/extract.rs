@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use common::{Harness, Planted, index_locators, now_ms, plant, proxies, proxy, raw_record};
+use proxy_pool::clock::parse_rfc3339;
 use proxy_pool::pool::{ContractOp, UpsertStatus, Verdict, keys};
 
 /// 64 concurrent extractions over 40 proxies: no proxy twice, never more
@@ -518,5 +519,62 @@ async fn slice_hints_keep_fifo_and_hide_nothing() {
     assert_eq!(
         h.extract(&rest, &[]).await.ids(),
         ["h-planted", "h-0003", "h-0004", "h-0005"]
+    );
+}
+
+/// `remainingTtlSeconds` is `expiresAt - extractedAt` exactly as the body
+/// shows them (each floored to the second), for expiries on, just after and
+/// just before whole seconds, including one whose millisecond is below the
+/// extraction's (where flooring the millisecond difference answered one
+/// less); counted from `extractedAt` it never passes the true expiry.
+#[tokio::test]
+async fn remaining_ttl_is_the_rendered_difference() {
+    let h = Harness::start().await;
+    let mut conn = h.redis().await;
+    let seconds = |v: &serde_json::Value| parse_rfc3339(v.as_str().unwrap()).unwrap() / 1000;
+    let mut crossed = false;
+    // An extraction at exactly .000 ms cannot show the difference (one in a
+    // thousand): then another round, at another millisecond.
+    for round in 0..5 {
+        let second = (now_ms() / 1000 + 600) * 1000;
+        let batch: Vec<_> = [0, 1, 499, 500, 998, 999, 1000, 1001]
+            .into_iter()
+            .map(|offset| {
+                let mut p = proxy(&format!("b{round}-{offset:04}"));
+                p.expires_at = second + offset;
+                p.usable_until = p.expires_at;
+                p
+            })
+            .collect();
+        h.load(&batch).await;
+        let key = format!("ttl-boundary-{round}");
+        let r = h
+            .extract(r#"{"count":8}"#, &[("idempotency-key", &key)])
+            .await;
+        assert_eq!(r.ids().len(), 8, "{}", r.body);
+        // The extraction's own millisecond, from its idempotency record
+        // (64 hex digits of digest, then the committed result).
+        let record: String = redis::cmd("GET")
+            .arg(keys::idempotency("ip:127.0.0.1", &key))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let committed: serde_json::Value = serde_json::from_str(&record[64..]).unwrap();
+        let extracted_ms = committed["extractedAt"].as_i64().unwrap();
+        for p in r.json["proxies"].as_array().unwrap() {
+            let (expires, extracted) = (seconds(&p["expiresAt"]), seconds(&p["extractedAt"]));
+            let remaining = p["remainingTtlSeconds"].as_i64().unwrap();
+            assert_eq!(remaining, expires - extracted, "{p}");
+            let truth = batch.iter().find(|b| b.id == p["id"]).unwrap().expires_at;
+            assert!((extracted + remaining) * 1000 <= truth, "{p}");
+            crossed |= truth.rem_euclid(1000) < extracted_ms.rem_euclid(1000);
+        }
+        if crossed {
+            break;
+        }
+    }
+    assert!(
+        crossed,
+        "no round put an expiry's millisecond below the extraction's"
     );
 }

@@ -68,6 +68,15 @@ impl PooledProxy {
     }
 }
 
+/// `expiresAt - extractedAt` exactly as the body shows them: each floored to
+/// the whole second, then subtracted, so a client can check one against the
+/// other, and `extractedAt + remainingTtlSeconds` is `expiresAt`, never after
+/// the true expiry. (Flooring the millisecond difference instead answers one
+/// second less whenever the extraction's millisecond is past the expiry's.)
+fn remaining_ttl_seconds(expires_at_ms: i64, extracted_at_ms: i64) -> i64 {
+    (expires_at_ms.div_euclid(1000) - extracted_at_ms.div_euclid(1000)).max(0)
+}
+
 impl CommittedExtraction {
     /// The response body. Deterministic, so a replay is byte for byte the same.
     pub fn render(&self) -> Result<String, Problem> {
@@ -91,7 +100,7 @@ impl CommittedExtraction {
                     carrier: &p.carrier,
                     upstream: &p.upstream,
                     expires_at: rfc3339(p.expires_at),
-                    remaining_ttl_seconds: (p.expires_at - self.extracted_at).max(0) / 1000,
+                    remaining_ttl_seconds: remaining_ttl_seconds(p.expires_at, self.extracted_at),
                     extracted_at: extracted_at.clone(),
                 })
                 .collect(),
@@ -135,7 +144,8 @@ mod tests {
         assert_eq!(v6.url(), "http://[2001:db8::1]:8080");
     }
 
-    /// The rendered body carries floor-second times and the remaining TTL.
+    /// The rendered body carries floor-second times and the remaining TTL
+    /// between them: the seed's example, 10:30:00 - 10:28:37 = 83.
     #[test]
     fn renders_the_seed_shape() {
         let c = CommittedExtraction {
@@ -149,7 +159,7 @@ mod tests {
         let p = &body["proxies"][0];
         assert_eq!(p["expiresAt"], "2026-07-28T10:30:00Z");
         assert_eq!(p["extractedAt"], "2026-07-28T10:28:37Z");
-        assert_eq!(p["remainingTtlSeconds"], 82);
+        assert_eq!(p["remainingTtlSeconds"], 83);
         assert!(p.get("carrier").is_none());
     }
 }

@@ -5,12 +5,12 @@ use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
 use base64::Engine;
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv6Net};
 use lambda_http::Request;
 use lambda_http::http::{HeaderMap, header};
 
 use super::registry::{ClientRegistry, CredentialKind};
-use super::source::{client_ip, peer_ip};
+use super::source::{Unknown, client_ip};
 use super::{Identity, IdentityResolver};
 use crate::httpapi::Problem;
 
@@ -80,16 +80,37 @@ impl AuthSchemes {
     }
 }
 
-/// Source address rules (`PROXY_POOL_TRUSTED_PROXIES`, `..._ALLOWED_SOURCES`,
-/// `..._DENIED_SOURCES`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Source address rules (`PROXY_POOL_TRUSTED_PROXIES`, `..._TRUST_ALB`,
+/// `..._ALLOWED_SOURCES`, `..._DENIED_SOURCES`, `..._ANONYMOUS_IPV6_PREFIX`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourcePolicy {
     /// Peers whose forwarded headers are believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// Whether an ALB event's `X-Forwarded-For` is believed (an ALB event
+    /// names no peer address, so it cannot be trusted by CIDR).
+    pub trust_alb: bool,
     /// When non-empty, callers must be inside one of these.
     pub allowed: Vec<IpNet>,
     /// Callers inside one of these are refused.
     pub denied: Vec<IpNet>,
+    /// Anonymous IPv6 callers in one network of this prefix length share
+    /// one per-client rate limit (64: a subscriber's usual allocation).
+    pub anonymous_ipv6_prefix: u8,
+}
+
+/// Default of [`SourcePolicy::anonymous_ipv6_prefix`].
+const DEFAULT_ANONYMOUS_IPV6_PREFIX: u8 = 64;
+
+impl Default for SourcePolicy {
+    fn default() -> Self {
+        Self {
+            trusted_proxies: Vec::new(),
+            trust_alb: false,
+            allowed: Vec::new(),
+            denied: Vec::new(),
+            anonymous_ipv6_prefix: DEFAULT_ANONYMOUS_IPV6_PREFIX,
+        }
+    }
 }
 
 /// The registry as last loaded; `None` until a first load succeeds.
@@ -144,6 +165,25 @@ impl Guard {
         Problem::unauthorized(detail, &self.schemes.challenges())
     }
 
+    /// The anonymous client at `ip`: identified by its address; an IPv6
+    /// address is rate limited with its whole `anonymous_ipv6_prefix`
+    /// network, so rotating addresses inside it gains nothing.
+    fn anonymous(&self, ip: IpAddr) -> Identity {
+        let rate_key = match ip {
+            IpAddr::V6(v6) => Ipv6Net::new(v6, self.sources.anonymous_ipv6_prefix)
+                .map_or_else(|_| format!("ip:{ip}"), |net| format!("ip:{}", net.trunc())),
+            IpAddr::V4(_) => format!("ip:{ip}"),
+        };
+        Identity {
+            client_id: format!("ip:{ip}"),
+            rate_key,
+            source_ip: ip,
+            allowed_upstreams: None,
+            max_count: None,
+            rate: None,
+        }
+    }
+
     fn forbidden_source() -> Problem {
         Problem::forbidden(
             "SOURCE_FORBIDDEN",
@@ -154,26 +194,26 @@ impl Guard {
 
 impl IdentityResolver for Guard {
     fn resolve(&self, request: &Request) -> Result<Identity, Problem> {
-        let peer = peer_ip(request).ok_or_else(|| {
-            Problem::forbidden("SOURCE_UNKNOWN", "the request's source address is unknown")
-        })?;
-        let ip = client_ip(peer, request.headers(), &self.sources.trusted_proxies);
+        let ip = client_ip(
+            request,
+            &self.sources.trusted_proxies,
+            self.sources.trust_alb,
+        )
+        .map_err(unknown_source)?;
         let inside = |nets: &[IpNet], ip: &IpAddr| nets.iter().any(|n| n.contains(ip));
         if inside(&self.sources.denied, &ip)
             || (!self.sources.allowed.is_empty() && !inside(&self.sources.allowed, &ip))
         {
             return Err(Self::forbidden_source());
         }
+        // With `none` the only scheme there is nothing to check credentials
+        // against and no challenge to send, and a 401 without one breaks
+        // RFC 9110 (15.5.2): credential headers are not read at all.
+        if !self.schemes.need_registry() {
+            return Ok(self.anonymous(ip));
+        }
         let (kind, secret) = match presented(request.headers()) {
-            Presented::Nothing if self.schemes.none => {
-                return Ok(Identity {
-                    client_id: format!("ip:{ip}"),
-                    source_ip: ip,
-                    allowed_upstreams: None,
-                    max_count: None,
-                    rate: None,
-                });
-            }
+            Presented::Nothing if self.schemes.none => return Ok(self.anonymous(ip)),
             Presented::Nothing => return Err(self.unauthorized("credentials are required")),
             Presented::Malformed => return Err(self.unauthorized("malformed credentials")),
             Presented::Credential(kind, secret) => (kind, secret),
@@ -198,12 +238,27 @@ impl IdentityResolver for Guard {
         }
         Ok(Identity {
             client_id: client.id.clone(),
+            rate_key: client.id.clone(),
             source_ip: ip,
             allowed_upstreams: client.allowed_upstreams.clone(),
             max_count: client.max_count,
             rate: client.rate,
         })
     }
+}
+
+/// The 403 for a request whose client address is not known.
+fn unknown_source(why: Unknown) -> Problem {
+    let detail = match why {
+        Unknown::NoPeer => "the request's source address is unknown",
+        Unknown::UntrustedLoadBalancer => {
+            "the request came through a load balancer whose X-Forwarded-For is not trusted, so its source address is unknown"
+        }
+        Unknown::Chain => {
+            "the forwarded chain from a trusted proxy does not name the client's address"
+        }
+    };
+    Problem::forbidden("SOURCE_UNKNOWN", detail)
 }
 
 /// The one credential a request carries. Two credentials, repeated headers,

@@ -24,7 +24,11 @@ use crate::httpapi::Problem;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Identity {
     /// Stable client id: a registered client's id, or `ip:<canonical address>`.
+    /// It scopes idempotency keys and names the caller in the access log.
     pub client_id: String,
+    /// Whom the per-client rate limit charges: the client id, or for an
+    /// anonymous IPv6 caller `ip:<its network>/<prefix>`.
+    pub rate_key: String,
     /// The caller's address after trusted-proxy resolution.
     pub source_ip: IpAddr,
     /// Upstreams this client may use; `None` means all.

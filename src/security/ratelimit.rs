@@ -116,7 +116,7 @@ impl RateLimiter {
         if let Some(rate) = identity.rate.or(self.client_default) {
             applied.push(Applied {
                 name: "client",
-                key: keys::rate_client(&identity.client_id),
+                key: keys::rate_client(&identity.rate_key),
                 rate,
             });
         }

@@ -20,42 +20,79 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// The immediate peer: the API Gateway request context's source IP in
-/// Lambda, the TCP peer under `serve`.
-pub fn peer_ip(request: &Request) -> Option<IpAddr> {
+/// Who delivered a request, before any forwarded header is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    /// A known address: the TCP peer under `serve`, API Gateway's `sourceIp`.
+    Address(IpAddr),
+    /// An Application Load Balancer: its events carry no address at all,
+    /// only the `X-Forwarded-For` it appends the address of its own peer to.
+    LoadBalancer,
+}
+
+/// The immediate peer: the TCP peer under `serve`, the API Gateway request
+/// context's source IP, or an ALB (whose event names no address).
+fn peer(request: &Request) -> Option<Peer> {
     if let Some(PeerAddr(addr)) = request.extensions().get::<PeerAddr>() {
-        return Some(canonical_ip(addr.ip()));
+        return Some(Peer::Address(canonical_ip(addr.ip())));
     }
     let raw = match request.request_context_ref()? {
         RequestContext::ApiGatewayV2(ctx) => ctx.http.source_ip.clone(),
         RequestContext::ApiGatewayV1(ctx) => ctx.identity.source_ip.clone(),
+        RequestContext::Alb(_) => return Some(Peer::LoadBalancer),
         _ => None,
     }?;
-    raw.parse().ok().map(canonical_ip)
+    raw.parse().ok().map(|ip| Peer::Address(canonical_ip(ip)))
 }
 
-/// Most forwarded hops looked at; a longer chain is cut at its trusted end.
+/// Why a request's client address is not known (each a 403 `SOURCE_UNKNOWN`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unknown {
+    /// The event names no source address.
+    NoPeer,
+    /// An ALB event, and ALB `X-Forwarded-For` is not trusted.
+    UntrustedLoadBalancer,
+    /// A trusted peer's forwarded chain does not name the caller: a hop that
+    /// is not an address, more than [`MAX_HOPS`] trusted hops, or (from an
+    /// ALB) no hop at all.
+    Chain,
+}
+
+/// Most forwarded hops looked at.
 const MAX_HOPS: usize = 32;
 
-/// The caller behind `peer`: forwarded headers are honoured only when `peer`
-/// is a trusted proxy, walking right to left past trusted hops. An
-/// unparseable hop ends the walk at the last address known good.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+/// The caller's address. A peer outside `trusted` is the caller, whatever
+/// its headers say. From a trusted peer (or, with `trust_load_balancer`, an
+/// ALB) the forwarded hops are walked right to left: the first hop outside
+/// `trusted` is the caller, or the leftmost when every hop is trusted. A
+/// hop that is not an address ends the walk without a caller: everything
+/// to its left was written by someone unknown, and the trusted proxy on its
+/// right is not the caller either.
+pub fn client_ip(
+    request: &Request,
+    trusted: &[IpNet],
+    trust_load_balancer: bool,
+) -> Result<IpAddr, Unknown> {
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
-    if !is_trusted(&peer) {
-        return peer;
-    }
-    let mut hops = forwarded_hops(headers);
-    hops.reverse();
-    let mut current = peer;
-    for hop in hops.into_iter().take(MAX_HOPS) {
-        let Some(ip) = hop else { break };
-        current = ip;
+    let mut current = match peer(request) {
+        None => return Err(Unknown::NoPeer),
+        Some(Peer::Address(ip)) if !is_trusted(&ip) => return Ok(ip),
+        Some(Peer::Address(ip)) => Some(ip),
+        Some(Peer::LoadBalancer) if trust_load_balancer => None,
+        Some(Peer::LoadBalancer) => return Err(Unknown::UntrustedLoadBalancer),
+    };
+    let hops = forwarded_hops(request.headers());
+    for (walked, hop) in hops.into_iter().rev().enumerate() {
+        if walked == MAX_HOPS {
+            return Err(Unknown::Chain);
+        }
+        let ip = hop.ok_or(Unknown::Chain)?;
+        current = Some(ip);
         if !is_trusted(&ip) {
             break;
         }
     }
-    current
+    current.ok_or(Unknown::Chain)
 }
 
 /// Hops of `X-Forwarded-For` (preferred) or `Forwarded` `for=`, left to right;
@@ -103,16 +140,25 @@ fn parse_hop(raw: &str) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lambda_http::http::HeaderValue;
+    use lambda_http::Body;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
-    fn headers(name: &'static str, value: &str) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(name, HeaderValue::from_str(value).unwrap());
-        h
+    fn trusted() -> Vec<IpNet> {
+        vec!["10.0.0.0/8".parse().unwrap()]
+    }
+
+    /// A request from the TCP peer `peer` with one header.
+    fn from(peer: &str, name: &str, value: &str) -> Request {
+        let mut req = lambda_http::http::Request::builder()
+            .header(name, value)
+            .body(Body::Empty)
+            .unwrap();
+        let addr = SocketAddr::new(ip(peer), 5000);
+        req.extensions_mut().insert(PeerAddr(addr));
+        req
     }
 
     /// Mapped IPv6 collapses to IPv4; other addresses stay as they are.
@@ -128,31 +174,41 @@ mod tests {
     /// An untrusted peer's forwarded headers are ignored (spoofing).
     #[test]
     fn ignores_untrusted_peers() {
-        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
-        let h = headers("x-forwarded-for", "203.0.113.9");
-        assert_eq!(
-            client_ip(ip("198.51.100.1"), &h, &trusted),
-            ip("198.51.100.1")
-        );
+        let req = from("198.51.100.1", "x-forwarded-for", "203.0.113.9");
+        assert_eq!(client_ip(&req, &trusted(), false), Ok(ip("198.51.100.1")));
+        let req = from("198.51.100.1", "x-forwarded-for", "garbage");
+        assert_eq!(client_ip(&req, &trusted(), false), Ok(ip("198.51.100.1")));
     }
 
-    /// Trusted hops are skipped right to left; the first untrusted is the caller.
+    /// Trusted hops are skipped right to left; the first untrusted is the
+    /// caller; a hop that is not an address leaves no caller.
     #[test]
     fn walks_trusted_hops() {
-        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
-        let h = headers("x-forwarded-for", "1.1.1.1, 203.0.113.9, 10.0.0.7");
-        assert_eq!(client_ip(ip("10.0.0.1"), &h, &trusted), ip("203.0.113.9"));
-        let h = headers("x-forwarded-for", "10.0.0.9, 10.0.0.7");
-        assert_eq!(client_ip(ip("10.0.0.1"), &h, &trusted), ip("10.0.0.9"));
-        let h = headers("x-forwarded-for", "203.0.113.9, garbage, 10.0.0.7");
-        assert_eq!(client_ip(ip("10.0.0.1"), &h, &trusted), ip("10.0.0.7"));
-        let h = headers(
+        let xff = |value: &str| {
+            client_ip(
+                &from("10.0.0.1", "x-forwarded-for", value),
+                &trusted(),
+                false,
+            )
+        };
+        assert_eq!(xff("1.1.1.1, 203.0.113.9, 10.0.0.7"), Ok(ip("203.0.113.9")));
+        assert_eq!(xff("10.0.0.9, 10.0.0.7"), Ok(ip("10.0.0.9")));
+        assert_eq!(xff("garbage, 203.0.113.9, 10.0.0.7"), Ok(ip("203.0.113.9")));
+        assert_eq!(xff("203.0.113.9, garbage, 10.0.0.7"), Err(Unknown::Chain));
+        assert_eq!(xff("unknown"), Err(Unknown::Chain));
+        assert_eq!(xff("203.0.113.9,"), Err(Unknown::Chain));
+        let long = vec!["10.0.0.5"; MAX_HOPS + 1].join(",");
+        assert_eq!(xff(&long), Err(Unknown::Chain));
+        let req = from(
+            "10.0.0.1",
             "forwarded",
             "for=198.51.100.17;proto=https, for=\"[2001:db8:cafe::17]:4711\"",
         );
         assert_eq!(
-            client_ip(ip("10.0.0.1"), &h, &trusted),
-            ip("2001:db8:cafe::17")
+            client_ip(&req, &trusted(), false),
+            Ok(ip("2001:db8:cafe::17"))
         );
+        let req = from("10.0.0.1", "forwarded", "for=unknown");
+        assert_eq!(client_ip(&req, &trusted(), false), Err(Unknown::Chain));
     }
 }
