@@ -642,8 +642,8 @@ async fn cluster_node() -> RedisServer {
 /// `{pp}` master announces closes the connection right after the
 /// extraction's reply, while the master's replica sleeps (`DEBUG SLEEP`,
 /// so it holds nothing new): the answer is 503, never a 200 confirmed by a
-/// `WAIT` on a new socket (which has no writes, so it counts the sleeping
-/// replica at once; what the cluster client's resend used to do).
+/// `WAIT` on a new socket (which has no writes, so it would count the
+/// sleeping replica at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledgement_is_never_taken_from_another_socket() {
     let nodes = start_cluster().await;

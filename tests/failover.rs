@@ -136,7 +136,8 @@ fn duplicates(ledger: &Ledger) -> usize {
 }
 
 /// Runs the drill with `acks` replica acknowledgements; returns the
-/// duplicates found and the answers collected.
+/// duplicates found and the answers collected (and prints how long after
+/// the promotion the first 200 came).
 async fn drill(acks: u32) -> (usize, usize) {
     let mut primary = RedisServer::start()
         .await
@@ -214,6 +215,13 @@ async fn drill(acks: u32) -> (usize, usize) {
     service.set_target(([127, 0, 0, 1], new_primary).into());
     service.cut();
     let before = answered(&ledger);
+    let failed_over = Instant::now();
+    until("a first answer after the failover", || {
+        let n = answered(&ledger);
+        async move { n > before }
+    })
+    .await;
+    let outage = failed_over.elapsed();
     until("answers after the failover", || {
         let n = answered(&ledger);
         async move { n >= before + ANSWERS_PER_PHASE }
@@ -224,6 +232,12 @@ async fn drill(acks: u32) -> (usize, usize) {
         c.await.unwrap();
     }
     let ledger = ledger.lock().unwrap();
+    eprintln!(
+        "acks={acks}: first 200 {} ms after the promotion; {} answers, {} requests given up",
+        outage.as_millis(),
+        ledger.answers.len(),
+        ledger.refused
+    );
     (duplicates(&ledger), ledger.answers.len())
 }
 

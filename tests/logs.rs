@@ -177,6 +177,15 @@ async fn logs_carry_no_secrets() {
             &[key, ("idempotency-key", "log-key-0500")],
         )
         .await);
+    // Redis refuses the password: 503, logged by class, never the password.
+    let guarded = proxy_pool::local::RedisServer::start_with(&["--requirepass", "log-right-pw"])
+        .await
+        .unwrap();
+    let url = format!("redis://:log-wrong-pw@127.0.0.1:{}/", guarded.port());
+    let refused =
+        proxy_pool::pool::RedisPool::with_options(&url, &h.config.redis_options()).unwrap();
+    let app = common::app_over(&common::test_config(), refused);
+    run(common::extract_as(&app, r#"{"count":1}"#, &[], "127.0.0.1:1").await);
     // Redis gone: 503s from extraction and readiness.
     h.redis.stop().await;
     run(h.extract(r#"{"count":1}"#, &[key]).await);
@@ -203,6 +212,10 @@ async fn logs_carry_no_secrets() {
         "one access line per request at least"
     );
     assert!(logs.contains("\"client_id\":\"logs\""));
+    assert!(
+        logs.contains("\"class\":\"authentication\""),
+        "a refused password is logged by its class"
+    );
     assert!(logs.contains("\"upstreams\":\"provider-a\""));
     for secret in [
         "192.0.2.",
@@ -217,6 +230,8 @@ async fn logs_carry_no_secrets() {
         BASIC_PW,
         &basic[6..],
         "wrong kind of value",
+        "log-wrong-pw",
+        "log-right-pw",
     ] {
         assert!(!logs.contains(secret), "logs contain {secret:?}");
     }

@@ -142,11 +142,15 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
                     _ => None,
                 }
             };
+            // Armed before the request leaves, so that any reply read
+            // after it is known to follow the faulty request.
+            if fault.is_some() {
+                let _ = fault_tx.send(fault);
+            }
             if server_out.write_all(&buf[..n]).await.is_err() {
                 return;
             }
             if fault.is_some() {
-                let _ = fault_tx.send(fault);
                 std::future::pending::<()>().await;
             }
         }
@@ -172,35 +176,34 @@ async fn downstream(
     let (tx, rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let mut writer = Box::pin(write_when_due(rx, client_out));
     let mut buf = vec![0u8; CHUNK];
-    let fault = loop {
+    let armed = fault.clone();
+    let reply_is_lost = loop {
         tokio::select! {
-            read = server_in.read(&mut buf) => match read {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    let due = Instant::now() + *lock(&shared.delay);
-                    if tx.send((due, buf[..n].to_vec())).is_err() {
-                        return;
-                    }
+            read = server_in.read(&mut buf) => {
+                let n = match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let fault = *armed.borrow();
+                if fault == Some(Fault::LoseReply) {
+                    return;
+                }
+                let due = Instant::now() + *lock(&shared.delay);
+                if tx.send((due, buf[..n].to_vec())).is_err() {
+                    return;
+                }
+                if fault == Some(Fault::CloseAfterReply) {
+                    break false;
                 }
             },
-            armed = fault.wait_for(Option::is_some) => match armed {
-                Ok(armed) => break *armed,
-                Err(_) => return,
-            },
+            Ok(_) = fault.wait_for(|f| *f == Some(Fault::LoseReply)) => break true,
             _ = &mut writer => return,
         }
     };
-    if fault == Some(Fault::LoseReply) {
+    if reply_is_lost {
         drop(writer);
         let _ = server_in.read(&mut buf).await;
         return;
-    }
-    // Close after the reply: pass one more chunk on, then end.
-    if let Ok(n) = server_in.read(&mut buf).await
-        && n > 0
-    {
-        let due = Instant::now() + *lock(&shared.delay);
-        let _ = tx.send((due, buf[..n].to_vec()));
     }
     drop(tx);
     writer.await;

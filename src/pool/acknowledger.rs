@@ -7,7 +7,7 @@
 //! behind our back (each new socket gets a new epoch). New extractions go to
 //! the collecting lane. Once a lane holds committed extractions and nothing
 //! is running on it, one `WAIT` on it acknowledges them all; under load the
-//! collecting role moves to an idle lane at most every `wait / (LANES - 1)`
+//! collecting role moves to an idle lane at most every `wait / (LANES / 2)`
 //! (the recent `WAIT` time), so `WAIT`s overlap and an extraction waits
 //! about one replication round trip, not one per request ahead of it.
 //!
@@ -26,8 +26,10 @@ use tokio::sync::oneshot;
 use super::connection::{DirectOpener, PoolConnection};
 use super::error::{OutageClass, PoolError};
 
-/// Most connections one process opens for acknowledged extractions.
-const LANES: usize = 8;
+/// Most connections one process opens for acknowledged extractions: twice
+/// what the spacing of `WAIT`s keeps busy, so an idle lane is always there
+/// to take over the collecting.
+const LANES: usize = 16;
 
 /// What became of an extraction's acknowledgement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -294,7 +296,7 @@ impl Schedule {
     /// running.
     fn plan(&mut self) -> Vec<Flush> {
         let now = Instant::now();
-        let spacing = self.wait_time / (LANES as u32 - 1);
+        let spacing = self.wait_time / (LANES as u32 / 2);
         let spaced = self
             .last_flush
             .is_none_or(|last| now.duration_since(last) >= spacing);
