@@ -128,5 +128,5 @@ local life = lifetimes(KEYS)
 local refused = expect_types(writes)
 if refused then return refused end
 apply(writes)
-if at > 0 then raise(KEYS, life, at) end
+if at > 0 then raise(KEYS, life, at, writes) end
 return {'ok', now, epoch}

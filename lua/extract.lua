@@ -381,7 +381,7 @@ for i = 1, take do
 end
 
 -- New hints: each probed slice's first entry left behind, or "~" when it ran dry.
-local hint_fields = 0
+local hint_updates = {}
 if hinted then
   for _, cur in ipairs(cursors) do
     local h
@@ -394,16 +394,18 @@ if hinted then
       elseif cur.examined[#cur.examined] then h = cur.examined[#cur.examined].key
       end
     end
-    if h and h ~= cur.hint then
-      push(writes, 'hset', K.hint, family .. ':' .. cur.slice, h)
-      hint_fields = hint_fields + 1
-    end
+    if h and h ~= cur.hint then hint_updates[#hint_updates + 1] = {family .. ':' .. cur.slice, h} end
   end
 end
+-- A new hints key lives as long as the index. With no index (the pool
+-- family's key absent, so no expiry to take) there is nothing to order:
+-- no hint is written, rather than a key that would never expire.
 local hint_life
-if hint_fields > 0 and redis.call('EXISTS', K.hint) == 0 then
+if #hint_updates > 0 and redis.call('EXISTS', K.hint) == 0 then
   hint_life = redis.call('PEXPIRETIME', K.pool)
+  if hint_life <= 0 then hint_updates = {} end
 end
+for _, u in ipairs(hint_updates) do push(writes, 'hset', K.hint, u[1], u[2]) end
 
 local result = '{"requestId":' .. cjson.encode(request_id) .. ',"requested":' .. ARGV[1] ..
   ',"extractedAt":' .. now_text .. ',"proxies":[' .. table.concat(records, ',') .. ']}'

@@ -373,16 +373,36 @@ local function expect_types(writes, known)
   return nil
 end
 
--- Key lifetimes: no key outlives the latest expiry it describes. Read
--- before the writes; `raise` is applied after them.
+-- Key lifetimes: no key outlives the latest expiry it describes, nor dies
+-- before it. Read before the writes; `raise` is applied after them.
 local function lifetimes(keys)
   local at = {}
   for i, key in ipairs(keys) do at[i] = redis.call('PEXPIRETIME', key) end
   return at
 end
 
-local function raise(keys, at, latest)
+-- Raises each key's expiry to `latest`. A key that `writes` both removed
+-- from and added to may have been emptied and created again by them: Redis
+-- deletes an emptied key with its expiry, so the new one would have none
+-- (it would outlive its entries, and a later `raise` would bring it down to
+-- that call's own `latest`, below the entries it still holds, which would
+-- then vanish with it). Such a key gets back the expiry it had, which
+-- covered every entry it held.
+local function raise(keys, at, latest, writes)
+  local removed, refilled = {}, {}
+  for phase = 1, 2 do
+    for _, key in ipairs(writes.keys[phase]) do removed[key] = true end
+  end
+  for phase = 3, 4 do
+    for _, key in ipairs(writes.keys[phase]) do
+      if removed[key] then refilled[key] = true end
+    end
+  end
   for i, key in ipairs(keys) do
-    if at[i] < latest then redis.call('PEXPIREAT', key, latest) end
+    if at[i] < latest then
+      redis.call('PEXPIREAT', key, latest)
+    elseif refilled[key] then
+      redis.call('PEXPIREAT', key, at[i])
+    end
   end
 end

@@ -110,6 +110,6 @@ local life = lifetimes(KEYS)
 local refused = expect_types(writes)
 if refused then return refused end
 apply(writes)
-if latest > 0 then raise(KEYS, life, latest) end
+if latest > 0 then raise(KEYS, life, latest, writes) end
 table.insert(statuses, 1, now)
 return statuses

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{Harness, now_ms, proxies, proxy};
-use proxy_pool::pool::{ContractOp, RedisPool, Verdict};
+use proxy_pool::pool::{ContractOp, RedisPool, Verdict, keys};
 
 fn claim(id: &str, worker: &str) -> ContractOp {
     ContractOp::Claim {
@@ -329,4 +329,54 @@ async fn a_pool_left_alone_holds_no_keys() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A refresh that moves a proxy's index entry empties the index keys and
+/// fills them again in one call (Redis deletes an emptied key, and its
+/// expiry with it). The keys must keep an expiry covering the entry; they
+/// used to be left with none, so the next load of a short-lived proxy
+/// brought them down to its expiry, and when it passed the index vanished
+/// with the long-lived proxy still in it (extractions found nothing).
+#[tokio::test]
+async fn an_index_emptied_and_filled_again_keeps_its_expiry() {
+    let h = Harness::with_config(|c| c.min_remaining_ttl = Duration::ZERO).await;
+    let mut long = proxy("long");
+    long.expires_at = now_ms() + 60_000;
+    long.usable_until = long.expires_at - 1_000;
+    h.load(std::slice::from_ref(&long)).await;
+    // Refreshed: a new locator, so its only entry leaves every index key
+    // (emptying it) and joins it again, in one call.
+    long.expires_at -= 10_000;
+    long.usable_until = long.expires_at - 1_000;
+    h.load(std::slice::from_ref(&long)).await;
+    let mut conn = h.redis().await;
+    for key in [
+        keys::IX_POOL,
+        keys::IX_REGION,
+        keys::IX_KIND,
+        keys::IX_ATOM,
+        keys::IX_USABLE,
+        keys::IX_CHECKED,
+    ] {
+        let at: i64 = redis::cmd("PEXPIRETIME")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            at >= long.expires_at,
+            "{key} expires at {at}, before its entry ({})",
+            long.expires_at
+        );
+    }
+    // A short-lived proxy, then its expiry passes: the long one is still there.
+    let mut short = proxy("short");
+    short.region = "beijing".into();
+    short.expires_at = now_ms() + 300;
+    short.usable_until = short.expires_at;
+    h.load(&[short]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reply = h.extract(r#"{"count":1}"#, &[]).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.ids(), ["long"]);
 }

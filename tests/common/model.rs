@@ -132,6 +132,39 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
             return disagree("usable");
         }
     }
+    // Every key lives until the latest expiry it describes (a key that
+    // expired early would take live entries with it), and none lives forever.
+    let expires = |loc: &str| -> i64 {
+        let mut parts = loc.rsplit('|');
+        parts.nth(1).and_then(|e| e.parse().ok()).unwrap_or(0)
+    };
+    let record_expiry = |id: &str| records.get(id).and_then(|r| r.get("expiresAt")?.as_i64());
+    let latest_indexed = index.iter().map(|l| expires(l)).max();
+    let latest_in = |members: &[(String, i64)]| members.iter().map(|(l, _)| expires(l)).max();
+    for key in keys::POOL {
+        let at: i64 = redis::cmd("PEXPIRETIME")
+            .arg(key)
+            .query_async(&mut conn)
+            .await?;
+        let needed = match key {
+            keys::PROXIES => details.keys().filter_map(|id| record_expiry(id)).max(),
+            keys::STATE => states.keys().filter_map(|id| record_expiry(id)).max(),
+            keys::EXPIRY => expiry.iter().map(|(_, e)| *e).max(),
+            keys::HELD => held.keys().filter_map(|id| record_expiry(id)).max(),
+            keys::IX_USABLE => latest_in(&scored[0]),
+            keys::IX_CHECKED => latest_in(&scored[1]),
+            keys::IX_HINT => None,
+            _ => latest_indexed, // the four families and the kinds they were planned from
+        };
+        match at {
+            -2 => {}
+            -1 => return disagree(&format!("{key} has no expiry")),
+            at if needed.is_some_and(|n| at < n) => {
+                return disagree(&format!("{key} expires at {at}, before {needed:?}"));
+            }
+            _ => {}
+        }
+    }
     Ok(PoolState {
         records,
         index,
