@@ -17,6 +17,14 @@
 -- ARGV[10]: "1" to rewrite a replayed record's expiry to the same instant
 --          (only with KEYS[13]): a write, so a WAIT after this call also
 --          covers the record it replays (used when replica acks are on)
+-- Usage counters, optional (ARGV[11] present; ARGV[8..10] are then always
+-- sent, empty without KEYS[13]):
+-- KEYS[#KEYS - 1], KEYS[#KEYS]: {pp}:usage:<hour A>, {pp}:usage:<hour B>  HASH:
+--          the hourly counters of the two hours the caller's clock may be in
+--          (its time minus and plus ten minutes; usually the same key twice)
+-- ARGV[11]: the client's usage label (no "|", no control characters)
+-- ARGV[12], ARGV[13]: hour A, hour B: Unix seconds of the hour's start
+-- ARGV[14]: how long an hour's hash lives after its hour ends, seconds
 -- Returns one of:
 --   {"ok", result}            committed; result is the JSON recorded for replay:
 --                             {"requestId","requested","extractedAt"(ms),"proxies":[..]},
@@ -51,11 +59,24 @@
 --   5. Fulfillment, then the writes: removals from every index set, the
 --      details deleted and the state made a tombstone, hints, the idempotency
 --      record. Nothing before them writes; nothing among them can fail.
+--   6. Usage counters (when asked for), after every other write: in the hash
+--      of the hour the Redis clock is in, one HINCRBY of the call's field
+--      "c|<client>|<outcome>|<requested>" (outcome ok, short or replay) and,
+--      for a committed extraction, one of "p|<client>|<upstream>|<protocol>|<region>"
+--      per distinct tuple among the proxies taken (by how many). A hash gets
+--      its expiry (EXPIREAT hour end + ARGV[14]) when a call creates a field.
+--      Each is a redis.pcall: a counter hash damaged from outside loses that
+--      count, and can never fail a call whose pool writes are already made.
+--      Counted: commits (ok, also of zero proxies), allOrNothing refusals
+--      for lack of inventory (short) and replays; not key conflicts nor
+--      "again" answers (the caller calls again).
 -- The cost is O(log N) per slice probed or counted plus the entries examined
 -- (count, plus due entries, which each leave the index once): it does not
 -- grow with the pool's size, nor with how many regions it holds.
 
-local idem = KEYS[POOL_KEY_COUNT + 1]
+local usage_client = ARGV[11]
+local usage_keys = usage_client and 2 or 0
+local idem = (#KEYS - POOL_KEY_COUNT - usage_keys == 1) and KEYS[POOL_KEY_COUNT + 1] or nil
 local PURGE_BATCH = 256
 
 local count = tonumber(ARGV[1])
@@ -71,8 +92,43 @@ if not decoded or type(filters) ~= 'table' then
   return redis.error_reply('ERR bad extraction filters')
 end
 local request_id, digest, idem_ttl, touch_on_replay = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+if usage_client and not (#usage_client >= 1 and #usage_client <= 128 and not string.find(usage_client, '[|%c]')
+                         and string.find(ARGV[12] or '', '^%d+$') and string.find(ARGV[13] or '', '^%d+$')
+                         and string.find(ARGV[14] or '', '^%d+$') and #KEYS >= POOL_KEY_COUNT + 2) then
+  return redis.error_reply('ERR bad usage arguments')
+end
 
 local now, now_text = clock()
+
+-- Usage counters (step 6 above): called once per counted answer, after its writes.
+--    `taken` (a committed extraction): the entries handed out, `n` of them.
+local function count_usage(outcome, taken, n)
+  if not usage_client then return end
+  local sec = math.floor(now / 1000)
+  local hour = sec - sec % 3600
+  local key
+  if tonumber(ARGV[12]) == hour then key = KEYS[#KEYS - 1]
+  elseif tonumber(ARGV[13]) == hour then key = KEYS[#KEYS]
+  else
+    redis.log(redis.LOG_WARNING, 'proxy-pool: usage not counted: the caller clock is over 10 minutes off the Redis clock')
+    return
+  end
+  local created = redis.pcall('HINCRBY', key, 'c|' .. usage_client .. '|' .. outcome .. '|' .. ARGV[1], 1) == 1
+  if taken then
+    local by, order = {}, {}
+    for i = 1, n do
+      local d = taken[i].rec
+      local field = 'p|' .. usage_client .. '|' .. d.upstream .. '|' .. d.protocol .. '|' .. d.region
+      local k = by[field]
+      if not k then order[#order + 1] = field end
+      by[field] = (k or 0) + 1
+    end
+    for _, field in ipairs(order) do
+      if redis.pcall('HINCRBY', key, field, by[field]) == by[field] then created = true end
+    end
+  end
+  if created then redis.pcall('EXPIREAT', key, hour + 3600 + tonumber(ARGV[14])) end
+end
 
 -- 1. Idempotency: a recorded result is replayed, never re-executed.
 if idem then
@@ -83,6 +139,7 @@ if idem then
         local at = redis.call('PEXPIRETIME', idem)
         if at > 0 then redis.call('PEXPIREAT', idem, at) end
       end
+      count_usage('replay')
       return {'replay', string.sub(prev, 65)}
     end
     return {'conflict'}
@@ -192,7 +249,9 @@ if reserve > 0 then
 end
 
 local function insufficient(available)
-  return purge_only({'insufficient', tostring(available), now_text})
+  local reply = purge_only({'insufficient', tostring(available), now_text})
+  if reply[1] == 'insufficient' then count_usage('short') end
+  return reply
 end
 local target = count
 if reserve > 0 then
@@ -419,4 +478,5 @@ if hint_life and hint_life > 0 then redis.call('PEXPIREAT', K.hint, hint_life) e
 if idem then
   redis.call('SET', idem, digest .. result, 'PX', idem_ttl)
 end
+count_usage('ok', valid, take)
 return {'ok', result}

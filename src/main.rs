@@ -23,11 +23,12 @@ async fn main() -> Result<(), Error> {
     let url = startup::redis_url(&config, store.as_ref())
         .await?
         .ok_or("PROXY_POOL_REDIS_URL: is required in Lambda")?;
+    let aggregates = startup::aggregates(&config, store.as_ref());
     let registry = startup::client_registry(&config, store, LocalRegistry::default()).await?;
     let pool = RedisPool::with_options(&url, &config.redis_options())?;
     let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
     let app = Arc::new(App::new(config.settings(), pool.clone(), Arc::new(guard)));
-    let function = Arc::new(Function::new(app, pool, &config));
+    let function = Arc::new(Function::new(app, pool, &config).with_aggregates(aggregates));
     lambda_runtime::run(service_fn(move |event| {
         let function = function.clone();
         async move { function.invoke(event).await }

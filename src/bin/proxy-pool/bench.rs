@@ -16,8 +16,9 @@
 //!    ([`FilterShape`]: none, one region, region + carrier, protocol +
 //!    upstream; the values rotate from request to request over the pool's
 //!    own), anonymous (`AuthSchemes` `none`), rate limits off, no
-//!    `Idempotency-Key` unless asked, and the access log formatted as in
-//!    Lambda (JSON) but discarded.
+//!    `Idempotency-Key` unless asked, the usage counters on (as with an
+//!    aggregates database) unless `--no-usage-counters`, and the access log
+//!    formatted as in Lambda (JSON) but discarded.
 //!
 //! Extraction consumes the pool, so a cell runs in rounds: before each round
 //! the pool is topped up to its target size and a round takes at most half of
@@ -156,6 +157,8 @@ pub struct Plan {
     pub baseline_seconds: f64,
     /// Send a fresh `Idempotency-Key` with every request.
     pub idempotency: bool,
+    /// Count each extraction in the hourly usage counters.
+    pub usage_counters: bool,
 }
 
 impl Plan {
@@ -184,6 +187,7 @@ impl Plan {
             max_requests: 20_000,
             baseline_seconds: 1.0,
             idempotency: false,
+            usage_counters: true,
         }
     }
 
@@ -199,6 +203,7 @@ impl Plan {
             max_requests: 300,
             baseline_seconds: 0.2,
             idempotency: false,
+            usage_counters: true,
         }
     }
 }
@@ -230,6 +235,7 @@ pub async fn command(args: BenchArgs) -> CliResult {
     plan.max_requests = args.max_requests.unwrap_or(plan.max_requests);
     plan.baseline_seconds = args.baseline_seconds.unwrap_or(plan.baseline_seconds);
     plan.idempotency = args.idempotency;
+    plan.usage_counters = !args.no_usage_counters;
     if plan.counts.iter().any(|c| !(1..=1000).contains(c))
         || plan.concurrency.iter().any(|c| !(1..=1024).contains(c))
         || !(plan.seconds > 0.0 && plan.baseline_seconds > 0.0)
@@ -483,7 +489,12 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         SourcePolicy::default(),
         RegistryHandle::default(),
     );
-    let app = Arc::new(App::new(config.settings(), pool.clone(), Arc::new(guard)));
+    let mut settings = config.settings();
+    if plan.usage_counters {
+        // As with an aggregates database configured (the bench flushes nothing).
+        settings.policy.usage_retention = Some(config.aggregates_retention);
+    }
+    let app = Arc::new(App::new(settings, pool.clone(), Arc::new(guard)));
     let mut conn = pool.connection();
     let info: String = redis::cmd("INFO")
         .arg("server")
@@ -1014,13 +1025,18 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "proxy-pool bench: redis {} on {} CPUs, {}, rate limits off, anonymous",
+            "proxy-pool bench: redis {} on {} CPUs, {}, {}, rate limits off, anonymous",
             self.redis_version,
             self.cpus,
             if self.plan.idempotency {
                 "with Idempotency-Key"
             } else {
                 "no Idempotency-Key"
+            },
+            if self.plan.usage_counters {
+                "usage counters on"
+            } else {
+                "usage counters off"
             }
         );
         for f in &self.fills {
