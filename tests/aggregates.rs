@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::postgres::{PASSWORD, Postgres};
-use common::{Harness, certificates, now_ms, proxies, proxy};
+use common::{Harness, certificates, close_hours, now_ms, proxies, proxy, usage_hours};
 use lambda_runtime::{Context, LambdaEvent};
 use proxy_pool::aggregates::{
     Aggregates, AggregatesOptions, DatabaseSource, DatabaseUrl, Dimension, FlushReport, UsageQuery,
@@ -53,22 +53,6 @@ fn aggregates_with(url: &str, ca_file: Option<std::path::PathBuf>) -> Aggregates
     )
 }
 
-/// The hours (Unix s) whose counter hashes exist.
-async fn usage_hours(h: &Harness) -> Vec<i64> {
-    let mut conn = h.redis().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("{pp}:usage:[0-9]*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let mut hours: Vec<i64> = keys
-        .iter()
-        .map(|k| k.rsplit(':').next().unwrap().parse().unwrap())
-        .collect();
-    hours.sort();
-    hours
-}
-
 /// Every counter field of every hour, summed over the hours.
 async fn counters(h: &Harness) -> BTreeMap<String, i64> {
     let mut conn = h.redis().await;
@@ -84,26 +68,6 @@ async fn counters(h: &Harness) -> BTreeMap<String, i64> {
         }
     }
     out
-}
-
-/// Closes the hours being counted into: moves each hash of the last two
-/// hours `back` hours into the past (its TTL kept). Returns the new hours.
-async fn close_hours(h: &Harness, back: i64) -> Vec<i64> {
-    let mut conn = h.redis().await;
-    let recent = now_ms() / 1000 - 2 * 3600;
-    let mut moved = Vec::new();
-    for hour in usage_hours(h).await.into_iter().filter(|h| *h > recent) {
-        let to = hour - back * 3600;
-        let _: () = redis::cmd("RENAME")
-            .arg(keys::usage_hour(hour))
-            .arg(keys::usage_hour(to))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        moved.push(to);
-    }
-    assert!(!moved.is_empty(), "nothing was counted");
-    moved
 }
 
 /// `usage_calls` and `usage_proxies`, summed over hours.

@@ -591,3 +591,39 @@ pub fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
         dir.join("ca.crt"),
     )
 }
+
+/// The hours (Unix s) whose counter hashes exist.
+pub async fn usage_hours(h: &Harness) -> Vec<i64> {
+    let mut conn = h.redis().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("{pp}:usage:[0-9]*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut hours: Vec<i64> = keys
+        .iter()
+        .map(|k| k.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    hours.sort();
+    hours
+}
+
+/// Closes the hours being counted into: moves each hash of the last two
+/// hours `back` hours into the past (its TTL kept). Returns the new hours.
+pub async fn close_hours(h: &Harness, back: i64) -> Vec<i64> {
+    let mut conn = h.redis().await;
+    let recent = now_ms() / 1000 - 2 * 3600;
+    let mut moved = Vec::new();
+    for hour in usage_hours(h).await.into_iter().filter(|h| *h > recent) {
+        let to = hour - back * 3600;
+        let _: () = redis::cmd("RENAME")
+            .arg(proxy_pool::pool::keys::usage_hour(hour))
+            .arg(proxy_pool::pool::keys::usage_hour(to))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        moved.push(to);
+    }
+    assert!(!moved.is_empty(), "nothing was counted");
+    moved
+}

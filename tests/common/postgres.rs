@@ -30,18 +30,9 @@ pub struct Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        if let Some(child) = self.child.as_mut() {
-            // SIGQUIT: the server takes its backends down with it.
-            match child.id() {
-                Some(pid) => {
-                    let _ = std::process::Command::new("kill")
-                        .args(["-QUIT", &pid.to_string()])
-                        .status();
-                }
-                None => {
-                    let _ = child.start_kill();
-                }
-            }
+        if self.child.is_some() {
+            // An immediate shutdown takes the backends down with the server.
+            let _ = pg_ctl_stop(&self.dir).status();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -103,6 +94,22 @@ fn as_server(program: PathBuf) -> Command {
     }
     cmd.env("LC_ALL", "C");
     Command::from(cmd)
+}
+
+/// `pg_ctl stop -m immediate` (SIGQUIT to the server, as a crash would
+/// end it; waits until it is gone), run as the server's user.
+fn pg_ctl_stop(dir: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(bin_dir().join("pg_ctl"));
+    if let Some((uid, gid)) = server_user() {
+        cmd.uid(uid).gid(gid);
+    }
+    cmd.arg("stop")
+        .arg("-D")
+        .arg(dir)
+        .args(["-m", "immediate", "-w"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
 }
 
 /// Gives `path` to the server's user (when we are root).
@@ -240,10 +247,11 @@ impl Postgres {
     /// are lost, nothing committed is); waits until it is gone.
     pub async fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let pid = child.id().unwrap().to_string();
-            let _ = std::process::Command::new("kill")
-                .args(["-QUIT", &pid])
-                .status();
+            let status = Command::from(pg_ctl_stop(&self.dir))
+                .status()
+                .await
+                .unwrap();
+            assert!(status.success(), "pg_ctl stop failed");
             let _ = child.wait().await;
         }
     }
