@@ -59,12 +59,15 @@
 --   5. Fulfillment, then the writes: removals from every index set, the
 --      details deleted and the state made a tombstone, hints, the idempotency
 --      record. Nothing before them writes; nothing among them can fail.
---   6. Usage counters (when asked for), after every other write: in the hash
---      of the hour the Redis clock is in, one HINCRBY of the call's field
---      "c|<client>|<outcome>|<requested>" (outcome ok, short or replay) and,
---      for a committed extraction, one of "p|<client>|<upstream>|<protocol>|<region>"
---      per distinct tuple among the proxies taken (by how many). A hash gets
---      its expiry (EXPIREAT hour end + ARGV[14]) when a call creates a field.
+--   6. Usage counters (when asked for), after every other write, in the hash
+--      of the hour the Redis clock is in. A commit that got all `count`
+--      proxies from one (upstream, protocol, region) (every count=1 commit)
+--      is one HINCRBY of "f|<client>|<requested>|<upstream>|<protocol>|<region>";
+--      any other call one of "c|<client>|<outcome>|<requested>" (outcome ok,
+--      short or replay) and, for a commit, one of
+--      "p|<client>|<upstream>|<protocol>|<region>" per tuple among the
+--      proxies taken (by how many). A hash gets its expiry (EXPIREAT hour
+--      end + ARGV[14]) when a call creates a field.
 --      Each is a redis.pcall: a counter hash damaged from outside loses that
 --      count, and can never fail a call whose pool writes are already made.
 --      Counted: commits (ok, also of zero proxies), allOrNothing refusals
@@ -113,10 +116,22 @@ local function count_usage(outcome, taken, n)
     redis.log(redis.LOG_WARNING, 'proxy-pool: usage not counted: the caller clock is over 10 minutes off the Redis clock')
     return
   end
-  local created = redis.pcall('HINCRBY', key, 'c|' .. usage_client .. '|' .. outcome .. '|' .. ARGV[1], 1) == 1
-  if taken then
+  local first = taken and n == count and taken[1].rec
+  for i = 2, first and n or 0 do
+    local d = taken[i].rec
+    if d.upstream ~= first.upstream or d.protocol ~= first.protocol or d.region ~= first.region then
+      first = nil
+      break
+    end
+  end
+  local created
+  if first then
+    created = redis.pcall('HINCRBY', key, 'f|' .. usage_client .. '|' .. ARGV[1] .. '|' .. first.upstream
+                          .. '|' .. first.protocol .. '|' .. first.region, 1) == 1
+  else
+    created = redis.pcall('HINCRBY', key, 'c|' .. usage_client .. '|' .. outcome .. '|' .. ARGV[1], 1) == 1
     local by, order = {}, {}
-    for i = 1, n do
+    for i = 1, taken and n or 0 do
       local d = taken[i].rec
       local field = 'p|' .. usage_client .. '|' .. d.upstream .. '|' .. d.protocol .. '|' .. d.region
       local k = by[field]

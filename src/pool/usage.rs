@@ -5,8 +5,10 @@
 //! the hours a flush could not move.
 //!
 //! Fields of an hour's hash (written only by `lua/extract.lua`):
-//! `c|<client>|<outcome>|<requested>` -> calls, and
-//! `p|<client>|<upstream>|<protocol>|<region>` -> proxies handed out.
+//! `f|<client>|<requested>|<upstream>|<protocol>|<region>` -> commits that
+//! got all `requested` proxies from that one tuple (one increment for the
+//! common call); otherwise `c|<client>|<outcome>|<requested>` -> calls,
+//! and `p|<client>|<upstream>|<protocol>|<region>` -> proxies handed out.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -165,34 +167,72 @@ impl HourUsage {
         self.proxies.iter().map(|p| p.proxies).sum()
     }
 
-    fn add(&mut self, field: &str, value: &str) {
-        let Ok(n) = value.parse::<u64>() else {
-            self.unreadable += 1;
-            return;
-        };
-        let parts: Vec<&str> = field.split('|').collect();
-        match parts.as_slice() {
-            ["c", client, outcome, requested] if !client.is_empty() => {
-                match (UsageOutcome::parse(outcome), requested.parse()) {
-                    (Some(outcome), Ok(requested)) => self.calls.push(CallCounter {
-                        client: (*client).into(),
-                        outcome,
-                        requested,
-                        calls: n,
-                    }),
-                    _ => self.unreadable += 1,
+    /// The counters of an hour's fields (each field once), merged and sorted.
+    fn from_fields<'a>(hour: i64, fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        type CallKey<'a> = (&'a str, UsageOutcome, u32);
+        type ProxyKey<'a> = (&'a str, &'a str, &'a str, &'a str);
+        let mut calls: BTreeMap<CallKey<'a>, u64> = BTreeMap::new();
+        let mut proxies: BTreeMap<ProxyKey<'a>, u64> = BTreeMap::new();
+        let mut unreadable = 0;
+        for (field, value) in fields {
+            let Ok(n) = value.parse::<u64>() else {
+                unreadable += 1;
+                continue;
+            };
+            let parts: Vec<&str> = field.split('|').collect();
+            match parts.as_slice() {
+                ["f", client, requested, upstream, protocol, region] if !client.is_empty() => {
+                    let Ok(requested) = requested.parse::<u32>() else {
+                        unreadable += 1;
+                        continue;
+                    };
+                    *calls
+                        .entry((client, UsageOutcome::Ok, requested))
+                        .or_default() += n;
+                    *proxies
+                        .entry((client, upstream, protocol, region))
+                        .or_default() += n.saturating_mul(u64::from(requested));
                 }
+                ["c", client, outcome, requested] if !client.is_empty() => {
+                    match (UsageOutcome::parse(outcome), requested.parse::<u32>()) {
+                        (Some(outcome), Ok(requested)) => {
+                            *calls.entry((client, outcome, requested)).or_default() += n;
+                        }
+                        _ => unreadable += 1,
+                    }
+                }
+                ["p", client, upstream, protocol, region] if !client.is_empty() => {
+                    *proxies
+                        .entry((client, upstream, protocol, region))
+                        .or_default() += n;
+                }
+                _ => unreadable += 1,
             }
-            ["p", client, upstream, protocol, region] if !client.is_empty() => {
-                self.proxies.push(ProxyCounter {
-                    client: (*client).into(),
-                    upstream: (*upstream).into(),
-                    protocol: (*protocol).into(),
-                    region: (*region).into(),
-                    proxies: n,
-                });
-            }
-            _ => self.unreadable += 1,
+        }
+        Self {
+            hour,
+            calls: calls
+                .into_iter()
+                .map(|((client, outcome, requested), calls)| CallCounter {
+                    client: client.into(),
+                    outcome,
+                    requested,
+                    calls,
+                })
+                .collect(),
+            proxies: proxies
+                .into_iter()
+                .map(
+                    |((client, upstream, protocol, region), proxies)| ProxyCounter {
+                        client: client.into(),
+                        upstream: upstream.into(),
+                        protocol: protocol.into(),
+                        region: region.into(),
+                        proxies,
+                    },
+                )
+                .collect(),
+            unreadable,
         }
     }
 }
@@ -289,25 +329,10 @@ impl RedisPool {
             }
             cursor = next;
         }
-        let mut usage = HourUsage {
+        Ok(HourUsage::from_fields(
             hour,
-            ..HourUsage::default()
-        };
-        for (field, value) in &fields {
-            usage.add(field, value);
-        }
-        usage.calls.sort_by(|a, b| {
-            (&a.client, a.outcome, a.requested).cmp(&(&b.client, b.outcome, b.requested))
-        });
-        usage.proxies.sort_by(|a, b| {
-            (&a.client, &a.upstream, &a.protocol, &a.region).cmp(&(
-                &b.client,
-                &b.upstream,
-                &b.protocol,
-                &b.region,
-            ))
-        });
-        Ok(usage)
+            fields.iter().map(|(f, v)| (f.as_str(), v.as_str())),
+        ))
     }
 
     /// Forgets an hour once PostgreSQL holds it: its hash (`UNLINK`: freed
@@ -379,20 +404,30 @@ mod tests {
         assert!(UsageScope::new("a\nb", day, 0).is_none());
     }
 
-    /// Fields parse into counters; anything else is counted as unreadable.
+    /// Fields parse into counters, a one-tuple commit (`f|`) into both a
+    /// call and its proxies, merged with the other fields of the same
+    /// counter; anything else is counted as unreadable.
     #[test]
     fn fields_parse() {
-        let mut u = HourUsage::default();
-        u.add("c|acme|ok|5", "3");
-        u.add("p|acme|provider-a|http|", "7");
-        u.add("c|acme|maybe|5", "1");
-        u.add("p|acme|x|y", "1");
-        u.add("c|acme|ok|5", "lots");
-        assert_eq!(u.total_calls(), 3);
-        assert_eq!(u.calls[0].outcome, UsageOutcome::Ok);
-        assert_eq!(u.calls[0].requested, 5);
-        assert_eq!(u.total_proxies(), 7);
-        assert_eq!(u.proxies[0].region, "");
+        let u = HourUsage::from_fields(
+            7,
+            [
+                ("c|acme|ok|5", "3"),
+                ("f|acme|5|provider-a|http|", "2"),
+                ("p|acme|provider-a|http|", "7"),
+                ("c|acme|maybe|5", "1"),
+                ("p|acme|x|y", "1"),
+                ("c|acme|short|5", "lots"),
+            ],
+        );
+        assert_eq!(u.hour, 7);
+        assert_eq!(u.total_calls(), 5);
+        assert_eq!(
+            (u.calls.len(), u.calls[0].outcome, u.calls[0].requested),
+            (1, UsageOutcome::Ok, 5)
+        );
+        assert_eq!(u.proxies.len(), 1);
+        assert_eq!((u.total_proxies(), u.proxies[0].region.as_str()), (17, ""));
         assert_eq!(u.unreadable, 3);
     }
 }
