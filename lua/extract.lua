@@ -17,14 +17,14 @@
 -- ARGV[10]: "1" to rewrite a replayed record's expiry to the same instant
 --          (only with KEYS[13]): a write, so a WAIT after this call also
 --          covers the record it replays (used when replica acks are on)
--- Usage counters, optional (ARGV[11] present; ARGV[8..10] are then always
--- sent, empty without KEYS[13]):
+-- Usage counters, optional: two more keys (so #KEYS is 14 without an
+-- idempotency key, 15 with one) and four more arguments, last:
 -- KEYS[#KEYS - 1], KEYS[#KEYS]: {pp}:usage:<hour A>, {pp}:usage:<hour B>  HASH:
 --          the hourly counters of the two hours the caller's clock may be in
 --          (its time minus and plus ten minutes; usually the same key twice)
--- ARGV[11]: the client's usage label (no "|", no control characters)
--- ARGV[12], ARGV[13]: hour A, hour B: Unix seconds of the hour's start
--- ARGV[14]: how long an hour's hash lives after its hour ends, seconds
+-- ARGV[#ARGV - 3]: the client's usage label (no "|", no control characters)
+-- ARGV[#ARGV - 2], ARGV[#ARGV - 1]: hour A, hour B: Unix s of the hour's start
+-- ARGV[#ARGV]: how long an hour's hash lives after its hour ends, seconds
 -- Returns one of:
 --   {"ok", result}            committed; result is the JSON recorded for replay:
 --                             {"requestId","requested","extractedAt"(ms),"proxies":[..]},
@@ -67,7 +67,7 @@
 --      short or replay) and, for a commit, one of
 --      "p|<client>|<upstream>|<protocol>|<region>" per tuple among the
 --      proxies taken (by how many). A hash gets its expiry (EXPIREAT hour
---      end + ARGV[14]) when a call creates a field.
+--      end + its lifetime) when a call creates a field.
 --      Each is a redis.pcall: a counter hash damaged from outside loses that
 --      count, and can never fail a call whose pool writes are already made.
 --      Counted: commits (ok, also of zero proxies), allOrNothing refusals
@@ -77,9 +77,12 @@
 -- (count, plus due entries, which each leave the index once): it does not
 -- grow with the pool's size, nor with how many regions it holds.
 
-local usage_client = ARGV[11]
-local usage_keys = usage_client and 2 or 0
-local idem = (#KEYS - POOL_KEY_COUNT - usage_keys == 1) and KEYS[POOL_KEY_COUNT + 1] or nil
+local extra_keys = #KEYS - POOL_KEY_COUNT
+local idem = (extra_keys == 1 or extra_keys == 3) and KEYS[POOL_KEY_COUNT + 1] or nil
+local usage_client, usage_hour_a, usage_hour_b, usage_life
+if extra_keys >= 2 then
+  usage_client, usage_hour_a, usage_hour_b, usage_life = ARGV[#ARGV - 3], ARGV[#ARGV - 2], ARGV[#ARGV - 1], ARGV[#ARGV]
+end
 local PURGE_BATCH = 256
 
 local count = tonumber(ARGV[1])
@@ -95,9 +98,9 @@ if not decoded or type(filters) ~= 'table' then
   return redis.error_reply('ERR bad extraction filters')
 end
 local request_id, digest, idem_ttl, touch_on_replay = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
-if usage_client and not (#usage_client >= 1 and #usage_client <= 128 and not string.find(usage_client, '[|%c]')
-                         and string.find(ARGV[12] or '', '^%d+$') and string.find(ARGV[13] or '', '^%d+$')
-                         and string.find(ARGV[14] or '', '^%d+$') and #KEYS >= POOL_KEY_COUNT + 2) then
+if usage_client and not (#ARGV >= (idem and 14 or 11) and #usage_client >= 1 and #usage_client <= 128
+                         and not string.find(usage_client, '[|%c]') and string.find(usage_hour_a, '^%d+$')
+                         and string.find(usage_hour_b, '^%d+$') and string.find(usage_life, '^%d+$')) then
   return redis.error_reply('ERR bad usage arguments')
 end
 
@@ -110,8 +113,8 @@ local function count_usage(outcome, taken, n)
   local sec = math.floor(now / 1000)
   local hour = sec - sec % 3600
   local key
-  if tonumber(ARGV[12]) == hour then key = KEYS[#KEYS - 1]
-  elseif tonumber(ARGV[13]) == hour then key = KEYS[#KEYS]
+  if tonumber(usage_hour_a) == hour then key = KEYS[#KEYS - 1]
+  elseif tonumber(usage_hour_b) == hour then key = KEYS[#KEYS]
   else
     redis.log(redis.LOG_WARNING, 'proxy-pool: usage not counted: the caller clock is over 10 minutes off the Redis clock')
     return
@@ -142,7 +145,7 @@ local function count_usage(outcome, taken, n)
       if redis.pcall('HINCRBY', key, field, by[field]) == by[field] then created = true end
     end
   end
-  if created then redis.pcall('EXPIREAT', key, hour + 3600 + tonumber(ARGV[14])) end
+  if created then redis.pcall('EXPIREAT', key, hour + 3600 + tonumber(usage_life)) end
 end
 
 -- 1. Idempotency: a recorded result is replayed, never re-executed.

@@ -185,7 +185,7 @@ impl RedisPool {
                 .arg(touch_on_replay);
         }
         if let Some(usage) = &q.usage {
-            usage.declare(&mut inv, q.idempotency.is_some());
+            usage.declare(&mut inv);
         }
         // Repeating the script after a dropped connection is only safe when
         // the idempotency record can tell whether the first attempt committed.

@@ -70,12 +70,9 @@ impl UsageScope {
         })
     }
 
-    /// Adds the counters' keys and arguments to an extraction call (after
-    /// the idempotency ones, which are sent empty when there are none).
-    pub(super) fn declare(&self, inv: &mut ScriptInvocation<'_>, idempotency: bool) {
-        if !idempotency {
-            inv.arg("").arg("").arg("");
-        }
+    /// Adds the counters' keys and arguments to an extraction call, after
+    /// all the others (the script finds them by its number of keys).
+    pub(super) fn declare(&self, inv: &mut ScriptInvocation<'_>) {
         inv.key(keys::usage_hour(self.hours[0]))
             .key(keys::usage_hour(self.hours[1]))
             .arg(&self.client)
