@@ -17,6 +17,14 @@
 -- ARGV[10]: "1" to rewrite a replayed record's expiry to the same instant
 --          (only with KEYS[13]): a write, so a WAIT after this call also
 --          covers the record it replays (used when replica acks are on)
+-- Usage counters, optional: two more keys (so #KEYS is 14 without an
+-- idempotency key, 15 with one) and four more arguments, last:
+-- KEYS[#KEYS - 1], KEYS[#KEYS]: {pp}:usage:<hour A>, {pp}:usage:<hour B>  HASH:
+--          the hourly counters of the two hours the caller's clock may be in
+--          (its time minus and plus ten minutes; usually the same key twice)
+-- ARGV[#ARGV - 3]: the client's usage label (no "|", no control characters)
+-- ARGV[#ARGV - 2], ARGV[#ARGV - 1]: hour A, hour B: Unix s of the hour's start
+-- ARGV[#ARGV]: how long an hour's hash lives after its hour ends, seconds
 -- Returns one of:
 --   {"ok", result}            committed; result is the JSON recorded for replay:
 --                             {"requestId","requested","extractedAt"(ms),"proxies":[..]},
@@ -51,11 +59,30 @@
 --   5. Fulfillment, then the writes: removals from every index set, the
 --      details deleted and the state made a tombstone, hints, the idempotency
 --      record. Nothing before them writes; nothing among them can fail.
+--   6. Usage counters (when asked for), after every other write, in the hash
+--      of the hour the Redis clock is in. A commit that got all `count`
+--      proxies from one (upstream, protocol, region) (every count=1 commit)
+--      is one HINCRBY of "f|<client>|<requested>|<upstream>|<protocol>|<region>";
+--      any other call one of "c|<client>|<outcome>|<requested>" (outcome ok,
+--      short or replay) and, for a commit, one of
+--      "p|<client>|<upstream>|<protocol>|<region>" per tuple among the
+--      proxies taken (by how many). A hash gets its expiry (EXPIREAT hour
+--      end + its lifetime) when a call creates a field.
+--      Each is a redis.pcall: a counter hash damaged from outside loses that
+--      count, and can never fail a call whose pool writes are already made.
+--      Counted: commits (ok, also of zero proxies), allOrNothing refusals
+--      for lack of inventory (short) and replays; not key conflicts nor
+--      "again" answers (the caller calls again).
 -- The cost is O(log N) per slice probed or counted plus the entries examined
 -- (count, plus due entries, which each leave the index once): it does not
 -- grow with the pool's size, nor with how many regions it holds.
 
-local idem = KEYS[POOL_KEY_COUNT + 1]
+local extra_keys = #KEYS - POOL_KEY_COUNT
+local idem = (extra_keys == 1 or extra_keys == 3) and KEYS[POOL_KEY_COUNT + 1] or nil
+local usage_client, usage_hour_a, usage_hour_b, usage_life
+if extra_keys >= 2 then
+  usage_client, usage_hour_a, usage_hour_b, usage_life = ARGV[#ARGV - 3], ARGV[#ARGV - 2], ARGV[#ARGV - 1], ARGV[#ARGV]
+end
 local PURGE_BATCH = 256
 
 local count = tonumber(ARGV[1])
@@ -71,8 +98,55 @@ if not decoded or type(filters) ~= 'table' then
   return redis.error_reply('ERR bad extraction filters')
 end
 local request_id, digest, idem_ttl, touch_on_replay = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+if usage_client and not (#ARGV >= (idem and 14 or 11) and #usage_client >= 1 and #usage_client <= 128
+                         and not string.find(usage_client, '[|%c]') and string.find(usage_hour_a, '^%d+$')
+                         and string.find(usage_hour_b, '^%d+$') and string.find(usage_life, '^%d+$')) then
+  return redis.error_reply('ERR bad usage arguments')
+end
 
 local now, now_text = clock()
+
+-- Usage counters (step 6 above): called once per counted answer, after its writes.
+--    `taken` (a committed extraction): the entries handed out, `n` of them.
+local function count_usage(outcome, taken, n)
+  if not usage_client then return end
+  local sec = math.floor(now / 1000)
+  local hour = sec - sec % 3600
+  local key
+  if tonumber(usage_hour_a) == hour then key = KEYS[#KEYS - 1]
+  elseif tonumber(usage_hour_b) == hour then key = KEYS[#KEYS]
+  else
+    redis.log(redis.LOG_WARNING, 'proxy-pool: usage not counted: the caller clock is over 10 minutes off the Redis clock')
+    return
+  end
+  local first = taken and n == count and taken[1].rec
+  for i = 2, first and n or 0 do
+    local d = taken[i].rec
+    if d.upstream ~= first.upstream or d.protocol ~= first.protocol or d.region ~= first.region then
+      first = nil
+      break
+    end
+  end
+  local created
+  if first then
+    created = redis.pcall('HINCRBY', key, 'f|' .. usage_client .. '|' .. ARGV[1] .. '|' .. first.upstream
+                          .. '|' .. first.protocol .. '|' .. first.region, 1) == 1
+  else
+    created = redis.pcall('HINCRBY', key, 'c|' .. usage_client .. '|' .. outcome .. '|' .. ARGV[1], 1) == 1
+    local by, order = {}, {}
+    for i = 1, taken and n or 0 do
+      local d = taken[i].rec
+      local field = 'p|' .. usage_client .. '|' .. d.upstream .. '|' .. d.protocol .. '|' .. d.region
+      local k = by[field]
+      if not k then order[#order + 1] = field end
+      by[field] = (k or 0) + 1
+    end
+    for _, field in ipairs(order) do
+      if redis.pcall('HINCRBY', key, field, by[field]) == by[field] then created = true end
+    end
+  end
+  if created then redis.pcall('EXPIREAT', key, hour + 3600 + tonumber(usage_life)) end
+end
 
 -- 1. Idempotency: a recorded result is replayed, never re-executed.
 if idem then
@@ -83,6 +157,7 @@ if idem then
         local at = redis.call('PEXPIRETIME', idem)
         if at > 0 then redis.call('PEXPIREAT', idem, at) end
       end
+      count_usage('replay')
       return {'replay', string.sub(prev, 65)}
     end
     return {'conflict'}
@@ -192,7 +267,9 @@ if reserve > 0 then
 end
 
 local function insufficient(available)
-  return purge_only({'insufficient', tostring(available), now_text})
+  local reply = purge_only({'insufficient', tostring(available), now_text})
+  if reply[1] == 'insufficient' then count_usage('short') end
+  return reply
 end
 local target = count
 if reserve > 0 then
@@ -421,4 +498,5 @@ if hint_life and hint_life > 0 then redis.call('PEXPIREAT', K.hint, hint_life) e
 if idem then
   redis.call('SET', idem, digest .. result, 'PX', idem_ttl)
 end
+count_usage('ok', valid, take)
 return {'ok', result}

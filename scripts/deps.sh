@@ -2,7 +2,9 @@
 # Installs what running or testing needs on a fresh Debian/Ubuntu machine
 # that has only the Rust toolchain. Idempotent: skips what is already there.
 #   bash scripts/deps.sh          redis-server (enough for `serve`)
-#   bash scripts/deps.sh test     also the Python tools the tests use, into .venv/,
+#   bash scripts/deps.sh test     also PostgreSQL (the aggregates tests run their
+#                                 own servers with its initdb and postgres),
+#                                 the Python tools the tests use, into .venv/,
 #                                 a Redis 6.2 (refused by the service) into
 #                                 .venv-redis6/, and what building and running
 #                                 the arm64 Lambda artifact needs
@@ -40,6 +42,14 @@ fi
 command -v redis-cli >/dev/null || apt_install redis-tools
 # The TLS tests make a throw-away CA and server certificate with openssl.
 command -v openssl >/dev/null || apt_install openssl
+# The aggregates tests start their own PostgreSQL servers (initdb, postgres
+# and pg_ctl from /usr/lib/postgresql/<version>/bin, run as the `postgres`
+# user when the tests run as root); the cluster Debian starts on install
+# is not used.
+if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+  apt_install postgresql
+  as_root service postgresql stop >/dev/null 2>&1 || true
+fi
 
 # Python tools for the tests, pinned, in a project-local virtualenv whose
 # bin/ scripts/test.sh puts first on PATH (Debian's python3 refuses

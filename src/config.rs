@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use crate::aggregates::{AggregatesOptions, DatabaseUrl};
 use crate::distribution::Settings;
 use crate::extraction::Policy;
 use crate::pool::{Fulfillment, RedisOptions};
@@ -64,6 +65,22 @@ pub struct Config {
     pub global_rate: Option<Rate>,
     /// `PROXY_POOL_CLIENT_RATE`: `RATE[:BURST]` per client unless the registry says otherwise.
     pub client_rate: Option<Rate>,
+    /// `PROXY_POOL_AGGREGATES_DATABASE_URL`: PostgreSQL for the usage
+    /// aggregates (`postgres://…`); with it (or the secret) every
+    /// extraction's outcome is counted.
+    pub aggregates_database_url: Option<DatabaseUrl>,
+    /// `PROXY_POOL_AGGREGATES_DATABASE_SECRET_ID`: Secrets Manager secret
+    /// holding that URL (or RDS's `username`/`password`/`host` document).
+    pub aggregates_database_secret_id: Option<String>,
+    /// `PROXY_POOL_AGGREGATES_CA_FILE`: PEM CA bundle trusted for the
+    /// database's TLS instead of the system roots.
+    pub aggregates_ca_file: Option<std::path::PathBuf>,
+    /// `PROXY_POOL_AGGREGATES_RETENTION_HOURS`: how long hourly counters
+    /// wait in Redis for a flush (default 168).
+    pub aggregates_retention: Duration,
+    /// `PROXY_POOL_AGGREGATES_TIMEOUT_MS`: bound on one flush's PostgreSQL
+    /// work (default 4000).
+    pub aggregates_timeout: Duration,
 }
 
 impl Default for Config {
@@ -95,6 +112,11 @@ impl Default for Config {
                 per_second: 20.0,
                 burst: 40,
             }),
+            aggregates_database_url: None,
+            aggregates_database_secret_id: None,
+            aggregates_ca_file: None,
+            aggregates_retention: Duration::from_secs(168 * 3600),
+            aggregates_timeout: Duration::from_millis(4000),
         }
     }
 }
@@ -121,6 +143,21 @@ impl Config {
         }
     }
 
+    /// Whether an aggregates database is configured, and so extractions
+    /// are counted.
+    pub fn aggregates_enabled(&self) -> bool {
+        self.aggregates_database_url.is_some() || self.aggregates_database_secret_id.is_some()
+    }
+
+    /// How to use the aggregates database (everything but where it is).
+    pub fn aggregates_options(&self) -> AggregatesOptions {
+        AggregatesOptions {
+            ca_file: self.aggregates_ca_file.clone(),
+            retention: self.aggregates_retention,
+            timeout: self.aggregates_timeout,
+        }
+    }
+
     /// The rules every extraction runs under.
     pub fn policy(&self) -> Policy {
         Policy {
@@ -130,6 +167,9 @@ impl Config {
             max_health_check_age: self.max_health_check_age,
             reserve_for_gateway: self.reserve_for_gateway,
             idempotency_ttl: self.idempotency_ttl,
+            usage_retention: self
+                .aggregates_enabled()
+                .then_some(self.aggregates_retention),
         }
     }
 
@@ -270,6 +310,30 @@ impl Config {
             },
             global_rate: rate(&get, "PROXY_POOL_GLOBAL_RATE", d.global_rate)?,
             client_rate: rate(&get, "PROXY_POOL_CLIENT_RATE", d.client_rate)?,
+            aggregates_database_url: get("PROXY_POOL_AGGREGATES_DATABASE_URL")
+                .map(|url| {
+                    DatabaseUrl::parse(&url).map_err(|_| ConfigError {
+                        variable: "PROXY_POOL_AGGREGATES_DATABASE_URL",
+                        reason: "must be a postgres:// or postgresql:// URL".into(),
+                    })
+                })
+                .transpose()?,
+            aggregates_database_secret_id: get("PROXY_POOL_AGGREGATES_DATABASE_SECRET_ID"),
+            aggregates_ca_file: get("PROXY_POOL_AGGREGATES_CA_FILE").map(std::path::PathBuf::from),
+            aggregates_retention: number(
+                &get,
+                "PROXY_POOL_AGGREGATES_RETENTION_HOURS",
+                d.aggregates_retention.as_secs() / 3600,
+                1..=720,
+            )
+            .map(|h| Duration::from_secs(h * 3600))?,
+            aggregates_timeout: number(
+                &get,
+                "PROXY_POOL_AGGREGATES_TIMEOUT_MS",
+                d.aggregates_timeout.as_millis() as u64,
+                100..=60_000,
+            )
+            .map(Duration::from_millis)?,
         })
     }
 }
@@ -392,6 +456,14 @@ mod tests {
             ("PROXY_POOL_DENIED_SOURCES", "203.0.113.0/24"),
             ("PROXY_POOL_GLOBAL_RATE", "100:200"),
             ("PROXY_POOL_CLIENT_RATE", "off"),
+            (
+                "PROXY_POOL_AGGREGATES_DATABASE_URL",
+                "postgres://app:hunter2@db:5432/usage",
+            ),
+            ("PROXY_POOL_AGGREGATES_DATABASE_SECRET_ID", "aggregates"),
+            ("PROXY_POOL_AGGREGATES_CA_FILE", "/etc/rds.pem"),
+            ("PROXY_POOL_AGGREGATES_RETENTION_HOURS", "48"),
+            ("PROXY_POOL_AGGREGATES_TIMEOUT_MS", "1500"),
         ])
         .unwrap();
         assert_eq!(c.redis_url.as_deref(), Some("redis://127.0.0.1:1/"));
@@ -421,6 +493,22 @@ mod tests {
         assert!(c.sources.allowed.is_empty());
         assert_eq!(c.global_rate.map(|r| r.burst), Some(200));
         assert_eq!(c.client_rate, None);
+        assert!(c.aggregates_enabled());
+        assert_eq!(
+            c.aggregates_database_secret_id.as_deref(),
+            Some("aggregates")
+        );
+        let options = c.aggregates_options();
+        assert_eq!(
+            options.ca_file.as_deref(),
+            Some(std::path::Path::new("/etc/rds.pem"))
+        );
+        assert_eq!(options.retention, Duration::from_secs(48 * 3600));
+        assert_eq!(options.timeout, Duration::from_millis(1500));
+        assert_eq!(c.policy().usage_retention, Some(options.retention));
+        // The database password never shows, even in Debug.
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert_eq!(Config::default().policy().usage_retention, None);
     }
 
     /// A bad value is refused with the variable's name, never silently defaulted.
@@ -441,6 +529,9 @@ mod tests {
             ("PROXY_POOL_TRUST_ALB", "yes"),
             ("PROXY_POOL_ANONYMOUS_IPV6_PREFIX", "129"),
             ("PROXY_POOL_ANONYMOUS_IPV6_PREFIX", "16"),
+            ("PROXY_POOL_AGGREGATES_DATABASE_URL", "mysql://db/x"),
+            ("PROXY_POOL_AGGREGATES_RETENTION_HOURS", "0"),
+            ("PROXY_POOL_AGGREGATES_TIMEOUT_MS", "lots"),
         ] {
             let err = from(&[(var, value)]).unwrap_err();
             assert_eq!(err.variable, var);

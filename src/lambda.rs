@@ -13,6 +13,7 @@ use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::aggregates::Aggregates;
 use crate::config::Config;
 use crate::distribution::{App, handle};
 use crate::pool::{PoolError, RedisPool};
@@ -88,6 +89,7 @@ pub struct Function {
     pool: RedisPool,
     min_remaining_ttl: Duration,
     max_health_check_age: Duration,
+    aggregates: Option<Aggregates>,
 }
 
 impl Function {
@@ -98,7 +100,14 @@ impl Function {
             pool,
             min_remaining_ttl: config.min_remaining_ttl,
             max_health_check_age: config.max_health_check_age,
+            aggregates: None,
         }
+    }
+
+    /// The scheduled health check also flushes the usage aggregates here.
+    pub fn with_aggregates(mut self, aggregates: Option<Aggregates>) -> Self {
+        self.aggregates = aggregates;
+        self
     }
 
     /// Handles one invocation: an HTTP response in the shape its origin
@@ -140,6 +149,7 @@ impl Function {
             &self.pool,
             self.min_remaining_ttl,
             self.max_health_check_age,
+            self.aggregates.as_ref(),
         )
         .await
         {
@@ -158,6 +168,9 @@ impl Function {
                     duration_ms = report.duration_ms,
                     "scheduled health check"
                 );
+                if let Some(flush) = &report.aggregates {
+                    log_flush(&context.request_id, flush);
+                }
                 serde_json::to_value(&report).map_err(FunctionError::Encoding)
             }
             Err(e) => {
@@ -173,6 +186,29 @@ impl Function {
                 Err(FunctionError::HealthCheck(e))
             }
         }
+    }
+}
+
+/// One line per flush: a warning when it stopped early or found hours lost.
+fn log_flush(lambda_request_id: &str, flush: &crate::aggregates::FlushReport) {
+    if flush.error.is_some() || flush.hours_dropped > 0 {
+        tracing::warn!(
+            lambda_request_id,
+            hours_flushed = flush.hours_flushed,
+            hours_pending = flush.hours_pending,
+            hours_dropped = flush.hours_dropped,
+            calls_dropped = flush.calls_dropped,
+            error = flush.error.as_deref(),
+            "usage aggregates flush incomplete"
+        );
+    } else {
+        tracing::info!(
+            lambda_request_id,
+            hours_flushed = flush.hours_flushed,
+            hours_already_flushed = flush.hours_already_flushed,
+            hours_open = flush.hours_open,
+            "usage aggregates flush"
+        );
     }
 }
 

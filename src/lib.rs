@@ -7,19 +7,25 @@
 //! inward). The entrypoints (`src/main.rs`, the CLI in `src/bin/`) wire
 //! everything and may use anything.
 //!
-//! * [`lambda`] → distribution, scheduled, pool, config, clock: the Lambda
-//!   function: sorts each event into HTTP (to [`distribution`]), the
-//!   scheduled health check, or an error.
+//! * [`lambda`] → distribution, scheduled, aggregates, pool, config, clock:
+//!   the Lambda function: sorts each event into HTTP (to [`distribution`]),
+//!   the scheduled health check (and aggregates flush), or an error.
 //! * [`server`] → distribution, security: the plain HTTP server behind
 //!   `proxy-pool serve`.
-//! * [`startup`] → config, secrets, security, pool: what the Lambda function
-//!   and `serve` do before serving, the same way: the Redis URL (re-read from
-//!   its secret when Redis refuses it), the pool and the client registry.
-//! * [`config`] → pool, security, extraction, distribution: typed settings
+//! * [`startup`] → config, secrets, security, pool, aggregates: what the
+//!   Lambda function and `serve` do before serving, the same way: the Redis
+//!   URL (re-read from its secret when Redis refuses it), the pool, the
+//!   client registry and the aggregates database.
+//! * [`config`] → pool, security, extraction, distribution, aggregates: typed settings
 //!   from `PROXY_POOL_*` variables, and the plain option structs each layer
 //!   takes (no layer below reads the configuration itself).
-//! * [`scheduled`] → pool, clock: the EventBridge health check: readiness,
-//!   prune, inventory as CloudWatch Embedded Metric Format lines.
+//! * [`scheduled`] → aggregates, pool, clock: the EventBridge health check:
+//!   readiness, prune, inventory as CloudWatch Embedded Metric Format lines,
+//!   and the flush of the usage aggregates.
+//! * [`aggregates`] → secrets, pool, clock: usage aggregates in PostgreSQL:
+//!   the flush of closed hourly counters out of Redis, the schema's
+//!   migrations, the queries behind `proxy-pool usage`. Never on the
+//!   extraction path.
 //! * [`secrets`] → security: AWS Secrets Manager: the client registry
 //!   document and Redis credentials.
 //! * [`distribution`] → extraction, security, httpapi, pool: the thin HTTP
@@ -40,6 +46,7 @@
 //! * [`clock`]: the machine's clock and RFC 3339.
 //! * [`telemetry`]: tracing set-up (JSON in Lambda, text locally).
 
+pub mod aggregates;
 pub mod clock;
 pub mod config;
 pub mod distribution;

@@ -2,7 +2,9 @@
 //! its schedule: readiness ping (which also loads the extraction script),
 //! loading the maintenance scripts, pruning expired proxies, and the
 //! eligible inventory by upstream, protocol and region, reported as
-//! CloudWatch Embedded Metric Format (EMF) lines and as a JSON summary.
+//! CloudWatch Embedded Metric Format (EMF) lines and as a JSON summary;
+//! then, when an aggregates database is configured, the flush of closed
+//! usage hours to it (whose failure is reported, never fails the check).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -10,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::aggregates::{Aggregates, FlushReport};
 use crate::pool::{PoolError, PruneReport, RedisPool};
 
 /// CloudWatch namespace of every metric the health check emits.
@@ -39,6 +42,9 @@ pub struct HealthCheckReport {
     pub held_by_workers: u64,
     /// Eligible proxies by upstream, protocol and region (carriers summed), sorted.
     pub inventory: Vec<InventoryLine>,
+    /// What the aggregates flush did (absent without an aggregates database).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aggregates: Option<FlushReport>,
     /// Wall time of the whole check.
     pub duration_ms: u64,
 }
@@ -58,12 +64,14 @@ pub struct InventoryLine {
     pub eligible: u64,
 }
 
-/// Runs one health check against `pool`. Any Redis failure ends it with that
-/// error: a half-done check is not reported as a success.
+/// Runs one health check against `pool`, then flushes the usage aggregates
+/// to `aggregates` if given. Any Redis failure of the check ends it with
+/// that error: a half-done check is not reported as a success.
 pub async fn run(
     pool: &RedisPool,
     min_remaining_ttl: Duration,
     max_health_check_age: Duration,
+    aggregates: Option<&Aggregates>,
 ) -> Result<HealthCheckReport, PoolError> {
     let started = Instant::now();
     pool.ping().await?;
@@ -90,6 +98,10 @@ pub async fn run(
             eligible,
         })
         .collect();
+    let aggregates = match aggregates {
+        Some(a) => Some(a.flush(pool).await),
+        None => None,
+    };
     Ok(HealthCheckReport {
         ready: true,
         checked_at,
@@ -97,13 +109,15 @@ pub async fn run(
         eligible_total: inventory.iter().map(|l| l.eligible).sum(),
         held_by_workers,
         inventory,
+        aggregates,
         duration_ms: started.elapsed().as_millis() as u64,
     })
 }
 
 /// EMF lines for a successful check: one `EligibleProxies` line per
-/// (upstream, protocol, region) and one summary line, all dimensioned by
-/// `function` so several deployments can share the namespace.
+/// (upstream, protocol, region), one summary line, and with aggregates one
+/// line of the flush, all dimensioned by `function` so several deployments
+/// can share the namespace.
 pub fn metric_lines(report: &HealthCheckReport, function: &str, timestamp_ms: i64) -> Vec<String> {
     let function = function_dimension(function);
     let mut lines = Vec::with_capacity(report.inventory.len() + 1);
@@ -147,6 +161,25 @@ pub fn metric_lines(report: &HealthCheckReport, function: &str, timestamp_ms: i6
             "HealthCheckDuration": report.duration_ms,
         }),
     ));
+    if let Some(flush) = &report.aggregates {
+        lines.push(emf(
+            timestamp_ms,
+            &["Function"],
+            &[
+                ("UsageHoursFlushed", "Count"),
+                ("UsageHoursPending", "Count"),
+                ("UsageCallsDropped", "Count"),
+                ("UsageFlushFailed", "Count"),
+            ],
+            json!({
+                "Function": function,
+                "UsageHoursFlushed": flush.hours_flushed,
+                "UsageHoursPending": flush.hours_pending,
+                "UsageCallsDropped": flush.calls_dropped,
+                "UsageFlushFailed": u8::from(flush.error.is_some()),
+            }),
+        ));
+    }
     lines
 }
 
@@ -226,6 +259,12 @@ mod tests {
                     eligible: 2,
                 },
             ],
+            aggregates: Some(FlushReport {
+                hours_flushed: 1,
+                hours_pending: 2,
+                error: Some("postgres unavailable: timed out".into()),
+                ..FlushReport::default()
+            }),
             duration_ms: 4,
         }
     }
@@ -235,7 +274,7 @@ mod tests {
     #[test]
     fn metric_lines_are_embedded_metric_format() {
         let lines = metric_lines(&report(), "proxy-pool-fn", 1_700_000_000_123);
-        assert_eq!(lines.len(), 3);
+        assert_eq!(lines.len(), 4);
         for line in &lines {
             assert!(!line.contains('\n'));
             let doc: Value = serde_json::from_str(line).unwrap();
@@ -261,6 +300,9 @@ mod tests {
         assert_eq!(summary["EligibleProxiesTotal"], 7);
         assert_eq!(summary["PrunedProxies"], 2);
         assert_eq!(summary["PrunedIndexEntries"], 3);
+        let flush: Value = serde_json::from_str(&lines[3]).unwrap();
+        assert_eq!(flush["UsageHoursPending"], 2);
+        assert_eq!(flush["UsageFlushFailed"], 1);
     }
 
     /// A failed check is one line with Ready = 0; no function name becomes `local`.

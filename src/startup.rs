@@ -1,13 +1,15 @@
 //! What the Lambda function and `proxy-pool serve` both do before serving,
 //! done the same way for both: the Redis URL (possibly from a Secrets
-//! Manager secret) and the client registry (Secrets Manager, a local file,
-//! or a fixed one), chosen by the same rules.
+//! Manager secret), the client registry (Secrets Manager, a local file,
+//! or a fixed one), chosen by the same rules, and the aggregates database
+//! (its URL or its secret; contacted only by a flush).
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::aggregates::{Aggregates, DatabaseSource};
 use crate::config::Config;
 use crate::pool::{CredentialSource, PoolError, RedisPool};
 use crate::secrets::{
@@ -22,7 +24,10 @@ pub struct StartupError(String);
 
 /// A Secrets Manager client, when the configuration names any secret.
 pub async fn secret_store(config: &Config) -> Option<SecretStore> {
-    if config.clients_secret_id.is_some() || config.redis_secret_id.is_some() {
+    if config.clients_secret_id.is_some()
+        || config.redis_secret_id.is_some()
+        || config.aggregates_database_secret_id.is_some()
+    {
         Some(SecretStore::from_env().await)
     } else {
         None
@@ -127,4 +132,18 @@ pub async fn client_registry(
     Err(StartupError(
         "PROXY_POOL_CLIENTS_SECRET_ID: is required when PROXY_POOL_AUTH_SCHEMES enables apiKey, basic or bearer (or give serve --clients FILE)".into(),
     ))
+}
+
+/// The aggregates database, when one is configured: the secret
+/// `PROXY_POOL_AGGREGATES_DATABASE_SECRET_ID` (read at each flush) if set,
+/// else `PROXY_POOL_AGGREGATES_DATABASE_URL`. Nothing is contacted here.
+pub fn aggregates(config: &Config, store: Option<&SecretStore>) -> Option<Aggregates> {
+    let source = match (&config.aggregates_database_secret_id, store) {
+        (Some(id), Some(store)) => DatabaseSource::Secret {
+            store: store.clone(),
+            id: id.clone(),
+        },
+        _ => DatabaseSource::Url(config.aggregates_database_url.clone()?),
+    };
+    Some(Aggregates::new(source, config.aggregates_options()))
 }

@@ -6,18 +6,35 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// Each layer and the layers it may import (the rule of `src/lib.rs`).
-const RULE: [(&str, &[&str]); 14] = [
+const RULE: [(&str, &[&str]); 15] = [
     (
         "lambda",
-        &["distribution", "scheduled", "pool", "config", "clock"],
+        &[
+            "distribution",
+            "scheduled",
+            "aggregates",
+            "pool",
+            "config",
+            "clock",
+        ],
     ),
     ("server", &["distribution", "security"]),
-    ("startup", &["config", "secrets", "security", "pool"]),
+    (
+        "startup",
+        &["config", "secrets", "security", "pool", "aggregates"],
+    ),
     (
         "config",
-        &["pool", "security", "extraction", "distribution"],
+        &[
+            "pool",
+            "security",
+            "extraction",
+            "distribution",
+            "aggregates",
+        ],
     ),
-    ("scheduled", &["pool", "clock"]),
+    ("scheduled", &["aggregates", "pool", "clock"]),
+    ("aggregates", &["secrets", "pool", "clock"]),
     ("secrets", &["security"]),
     (
         "distribution",

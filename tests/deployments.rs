@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Reply, app_over, extract_as, proxies, proxy, send, test_config};
+use common::{Reply, app_over, certificates, extract_as, proxies, proxy, send, test_config};
 use lambda_http::Body;
 use lambda_http::http::Request;
 use proxy_pool::distribution::App;
@@ -240,71 +240,6 @@ async fn an_older_redis_is_refused_by_name() {
     let mut conn = connect(&redis.url()).await;
     let keys: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
     assert_eq!(keys, 0);
-}
-
-/// Makes a throw-away CA and a server certificate for 127.0.0.1 with openssl.
-fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl must be installed for the TLS tests (apt-get install -y openssl)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec![
-        "req",
-        "-x509",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=proxy-pool test CA",
-    ];
-    ca.extend(ec);
-    ca.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
-    run(&ca);
-    let mut csr = vec!["req", "-new", "-subj", "/CN=127.0.0.1"];
-    csr.extend(ec);
-    csr.extend(["-keyout", "server.key", "-out", "server.csr"]);
-    run(&csr);
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "server.ext",
-        "-out",
-        "server.crt",
-    ]);
-    (
-        dir.join("server.crt"),
-        dir.join("server.key"),
-        dir.join("ca.crt"),
-    )
 }
 
 /// `rediss://` to a TLS-only redis-server whose certificate comes from a

@@ -232,7 +232,7 @@ async fn scheduled_check_prunes_and_reports() {
     h.load(&[other]).await;
     plant_in(&h, "gone", "shanghai", now - 1_000, Planted::ALL).await;
 
-    let report = scheduled::run(&h.pool, h.config.min_remaining_ttl, MAX_AGE)
+    let report = scheduled::run(&h.pool, h.config.min_remaining_ttl, MAX_AGE, None)
         .await
         .unwrap();
     assert!(report.ready);
@@ -276,7 +276,7 @@ async fn scheduled_check_prunes_and_reports() {
 async fn scheduled_check_fails_when_redis_is_down() {
     let mut h = Harness::with_config(|c| c.redis_timeout = Duration::from_millis(300)).await;
     h.redis.stop().await;
-    let err = scheduled::run(&h.pool, h.config.min_remaining_ttl, MAX_AGE)
+    let err = scheduled::run(&h.pool, h.config.min_remaining_ttl, MAX_AGE, None)
         .await
         .unwrap_err();
     assert!(matches!(err, PoolError::Unavailable(_)), "{err}");

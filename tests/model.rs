@@ -336,6 +336,7 @@ async fn step(
                     digest: request.digest(fulfillment).unwrap(),
                     ttl: Duration::from_secs(600),
                 }),
+                usage: None,
             };
             let real = pool.extract(&query).await.unwrap();
             let now = match &real {

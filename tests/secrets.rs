@@ -307,3 +307,43 @@ async fn a_rotated_redis_password_is_picked_up_without_a_redeploy() {
     }
     assert!(refused >= 1, "the old connection was never refused");
 }
+
+/// The aggregates database from a Secrets Manager secret
+/// (`PROXY_POOL_AGGREGATES_DATABASE_SECRET_ID`, through `startup`): it is
+/// read at every flush, so a wrong password fails a flush (counters kept,
+/// no password in the report) and its rotation is picked up by the next
+/// flush without a restart.
+#[tokio::test]
+async fn aggregates_database_from_a_secret() {
+    let moto = Moto::start().await;
+    let pg = common::postgres::Postgres::start().await;
+    let wrong = pg
+        .url()
+        .replace(common::postgres::PASSWORD, "not-the-password");
+    moto.create(
+        "proxy-pool/aggregates",
+        &serde_json::json!({"url": wrong}).to_string(),
+    )
+    .await;
+    let h = Harness::with_config(|c| {
+        c.aggregates_database_secret_id = Some("proxy-pool/aggregates".into());
+    })
+    .await;
+    h.load(&proxies("agg", 4)).await;
+    assert_eq!(h.extract(r#"{"count":2}"#, &[]).await.ids().len(), 2);
+    common::close_hours(&h, 2).await;
+    let store = SecretStore::new(moto.client.clone());
+    let aggregates = proxy_pool::startup::aggregates(&h.config, Some(&store)).unwrap();
+
+    let refused = aggregates.flush(&h.pool).await;
+    assert_eq!(
+        refused.error.as_deref(),
+        Some("postgres refused: SQLSTATE 28P01")
+    );
+    assert_eq!(refused.hours_pending, 1);
+
+    moto.put("proxy-pool/aggregates", &pg.url()).await;
+    let report = aggregates.flush(&h.pool).await;
+    assert_eq!(report.error, None);
+    assert_eq!((report.hours_flushed, report.proxies_flushed), (1, 2));
+}

@@ -7,4 +7,6 @@ mod response;
 mod service;
 
 pub use request::{ExtractRequest, Filters};
-pub use service::{ExtractionService, IdempotencyKey, Policy, ServiceError};
+pub use service::{
+    ANONYMOUS_USAGE_CLIENT, ExtractionService, IdempotencyKey, Policy, ServiceError,
+};

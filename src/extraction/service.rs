@@ -6,7 +6,7 @@ use super::ExtractRequest;
 use crate::httpapi::{InvalidParam, Problem};
 use crate::pool::{
     ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, PoolError, RedisPool,
-    Selection, keys,
+    Selection, UsageScope, keys,
 };
 use crate::security::Identity;
 
@@ -61,6 +61,23 @@ pub struct Policy {
     pub reserve_for_gateway: u32,
     /// How long an `Idempotency-Key` can replay its extraction.
     pub idempotency_ttl: std::time::Duration,
+    /// Count each extraction's outcome in the hourly usage counters, kept
+    /// this long after their hour in Redis; `None`: not counted.
+    pub usage_retention: Option<std::time::Duration>,
+}
+
+/// The usage label of every anonymous caller (`ip:<address>` clients): one,
+/// so the counters stay bounded whatever the callers' addresses, and no
+/// address is kept for long-term analysis.
+pub const ANONYMOUS_USAGE_CLIENT: &str = "anonymous";
+
+/// The label `identity`'s extractions are counted under.
+fn usage_client(identity: &Identity) -> &str {
+    if identity.client_id.starts_with("ip:") {
+        ANONYMOUS_USAGE_CLIENT
+    } else {
+        &identity.client_id
+    }
 }
 
 /// Applies identity and policy to a request, then runs the atomic extraction.
@@ -126,6 +143,9 @@ impl ExtractionService {
                 }),
                 None => None,
             },
+            usage: self.policy.usage_retention.and_then(|retention| {
+                UsageScope::new(usage_client(identity), retention, crate::clock::now_ms())
+            }),
         };
         Ok(self.pool.extract(&query).await?)
     }

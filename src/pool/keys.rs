@@ -56,6 +56,17 @@ pub const POOL: [&str; 12] = [
     IX_HINT, IX_KINDS,
 ];
 
+/// `HASH` hour (Unix s of its start) -> `"<calls> <proxies>"`: closed hours
+/// of usage counters a flush saw but could not move to PostgreSQL, so a
+/// later flush can tell what expired before it was moved.
+pub const USAGE_UNFLUSHED: &str = "{pp}:usage:unflushed";
+
+/// `HASH` of one hour's usage counters (`lua/extract.lua`, step 6), by the
+/// Unix second its hour starts at.
+pub fn usage_hour(hour_start_s: i64) -> String {
+    format!("{HASH_TAG}:usage:{hour_start_s}")
+}
+
 /// `STRING`: the global rate limit's theoretical arrival time (GCRA, ms).
 pub const RATE_GLOBAL: &str = "{pp}:rl:global";
 

@@ -4,7 +4,9 @@
 //! types of its extraction contract (`query`), the operations the
 //! Controller, health checker and Gateway Workers use (`contract`), and the
 //! upkeep the scheduled health check runs: pruning and inventory
-//! (`maintenance`). It depends on nothing else in the crate but `clock`.
+//! (`maintenance`), and the hourly usage counters extraction writes and a
+//! flush moves elsewhere (`usage`). It depends on nothing else in the crate
+//! but `clock`.
 //!
 //! Each proxy is its details (`{pp}:proxies`, deleted once handed out) and
 //! its state (`{pp}:state`, a tombstone once extracted); every allocatable,
@@ -24,6 +26,7 @@ mod new_proxy;
 mod query;
 mod redis_pool;
 mod scripts;
+mod usage;
 
 pub use connection::{PoolConnection, RedisOptions};
 pub use contract::{ContractOp, ContractReply, Verdict};
@@ -36,4 +39,8 @@ pub use query::{
 };
 pub use redis_pool::{
     Admission, CREDENTIAL_REREAD_EVERY, CredentialSource, Limit, LimitState, RedisPool,
+};
+pub use usage::{
+    CLOSE_GRACE_S, CallCounter, HOUR_S, HourUsage, ProxyCounter, UsageBacklog, UsageOutcome,
+    UsageScope, hour_of,
 };

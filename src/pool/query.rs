@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::usage::UsageScope;
+
 /// The proxy protocols the pool knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {
@@ -117,6 +119,8 @@ pub struct ExtractionQuery<'a> {
     pub request_id: &'a str,
     /// Present when the caller sent an `Idempotency-Key`.
     pub idempotency: Option<IdempotencyScope>,
+    /// Present when the outcome is counted in the hourly usage counters.
+    pub usage: Option<UsageScope>,
 }
 
 /// The script's verdict.

@@ -309,6 +309,9 @@ impl RedisPool {
                 .arg(scope.ttl.as_millis() as u64)
                 .arg(touch_on_replay);
         }
+        if let Some(usage) = &q.usage {
+            usage.declare(&mut inv);
+        }
         // Repeating the script after a dropped connection is only safe when
         // the idempotency record can tell whether the first attempt committed.
         let retry_on_drop = q.idempotency.is_some();

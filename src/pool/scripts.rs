@@ -39,6 +39,10 @@ pub(super) static INVENTORY: LazyLock<Script> =
 pub(super) static RATELIMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/ratelimit.lua")));
 
+/// `lua/usage_backlog.lua` (read only, no pool keys: no prelude).
+pub(super) static USAGE_BACKLOG: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/usage_backlog.lua")));
+
 /// An invocation of a pool script with the pool keys already declared.
 pub(super) fn with_pool_keys(script: &Script) -> ScriptInvocation<'_> {
     let mut inv = script.prepare_invoke();

@@ -3,9 +3,11 @@
 #![allow(dead_code)]
 
 pub mod model;
+pub mod postgres;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use jsonschema::Validator;
@@ -523,4 +525,105 @@ pub async fn index_locators(h: &Harness) -> Vec<String> {
         .query_async(&mut conn)
         .await
         .unwrap()
+}
+
+/// Makes a throw-away CA and a server certificate for 127.0.0.1 with openssl.
+pub fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl must be installed for the TLS tests (apt-get install -y openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec![
+        "req",
+        "-x509",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=proxy-pool test CA",
+    ];
+    ca.extend(ec);
+    ca.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
+    run(&ca);
+    let mut csr = vec!["req", "-new", "-subj", "/CN=127.0.0.1"];
+    csr.extend(ec);
+    csr.extend(["-keyout", "server.key", "-out", "server.csr"]);
+    run(&csr);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.crt",
+    ]);
+    (
+        dir.join("server.crt"),
+        dir.join("server.key"),
+        dir.join("ca.crt"),
+    )
+}
+
+/// The hours (Unix s) whose counter hashes exist.
+pub async fn usage_hours(h: &Harness) -> Vec<i64> {
+    let mut conn = h.redis().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("{pp}:usage:[0-9]*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut hours: Vec<i64> = keys
+        .iter()
+        .map(|k| k.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    hours.sort();
+    hours
+}
+
+/// Closes the hours being counted into: moves each hash of the last two
+/// hours `back` hours into the past (its TTL kept). Returns the new hours.
+pub async fn close_hours(h: &Harness, back: i64) -> Vec<i64> {
+    let mut conn = h.redis().await;
+    let recent = now_ms() / 1000 - 2 * 3600;
+    let mut moved = Vec::new();
+    for hour in usage_hours(h).await.into_iter().filter(|h| *h > recent) {
+        let to = hour - back * 3600;
+        let _: () = redis::cmd("RENAME")
+            .arg(proxy_pool::pool::keys::usage_hour(hour))
+            .arg(proxy_pool::pool::keys::usage_hour(to))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        moved.push(to);
+    }
+    assert!(!moved.is_empty(), "nothing was counted");
+    moved
 }

@@ -16,8 +16,9 @@
 //!    ([`FilterShape`]: none, one region, region + carrier, protocol +
 //!    upstream; the values rotate from request to request over the pool's
 //!    own), anonymous (`AuthSchemes` `none`), rate limits off, no
-//!    `Idempotency-Key` unless asked, and the access log formatted as in
-//!    Lambda (JSON) but discarded.
+//!    `Idempotency-Key` unless asked, the usage counters on (as with an
+//!    aggregates database) unless `--no-usage-counters`, and the access log
+//!    formatted as in Lambda (JSON) but discarded.
 //!
 //! Extraction consumes the pool, so a cell runs in rounds: before each round
 //! the pool is topped up to its target size and a round takes at most half of
@@ -165,6 +166,8 @@ pub struct Plan {
     pub replica_lags_ms: Vec<f64>,
     /// `PROXY_POOL_REPLICA_ACKS` values to measure (0: answer at once).
     pub replica_acks: Vec<u32>,
+    /// Count each extraction in the hourly usage counters.
+    pub usage_counters: bool,
 }
 
 impl Plan {
@@ -196,6 +199,7 @@ impl Plan {
             replicas: 0,
             replica_lags_ms: vec![0.0],
             replica_acks: vec![0],
+            usage_counters: true,
         }
     }
 
@@ -214,6 +218,7 @@ impl Plan {
             replicas: 0,
             replica_lags_ms: vec![0.0],
             replica_acks: vec![0],
+            usage_counters: true,
         }
     }
 }
@@ -270,6 +275,7 @@ pub async fn command(args: BenchArgs) -> CliResult {
     if plan.replicas > 0 && args.redis_url.is_some() {
         return Err("--replicas needs the bench's private Redis (no --redis-url)".into());
     }
+    plan.usage_counters = !args.no_usage_counters;
     if plan.counts.iter().any(|c| !(1..=1000).contains(c))
         || plan.concurrency.iter().any(|c| !(1..=1024).contains(c))
         || !(plan.seconds > 0.0 && plan.baseline_seconds > 0.0)
@@ -578,6 +584,11 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         ..Config::default()
     };
     let pool = RedisPool::new(&url, config.redis_timeout)?;
+    let mut settings = config.settings();
+    if plan.usage_counters {
+        // As with an aggregates database configured (the bench flushes nothing).
+        settings.policy.usage_retention = Some(config.aggregates_retention);
+    }
     let mut apps = Vec::new();
     for &acks in &plan.replica_acks {
         let options = RedisOptions {
@@ -593,7 +604,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         let pool = RedisPool::with_options(&url, &options)?;
         apps.push((
             acks,
-            Arc::new(App::new(config.settings(), pool, Arc::new(guard))),
+            Arc::new(App::new(settings.clone(), pool, Arc::new(guard))),
         ));
     }
     let (replica_servers, relays): (Vec<_>, Vec<_>) = replicas.into_iter().unzip();
@@ -1162,13 +1173,18 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "proxy-pool bench: redis {} on {} CPUs, {}, rate limits off, anonymous",
+            "proxy-pool bench: redis {} on {} CPUs, {}, {}, rate limits off, anonymous",
             self.redis_version,
             self.cpus,
             if self.plan.idempotency {
                 "with Idempotency-Key"
             } else {
                 "no Idempotency-Key"
+            },
+            if self.plan.usage_counters {
+                "usage counters on"
+            } else {
+                "usage counters off"
             }
         );
         for f in &self.fills {

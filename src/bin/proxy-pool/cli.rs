@@ -50,10 +50,76 @@ pub enum Command {
     /// Add (or refresh) the demo pool `serve` starts with: synthetic proxies on
     /// TEST-NET addresses, the pool `events/README.md` documents outcomes for.
     LoadDemo(LoadDemoArgs),
+    /// Usage aggregates in PostgreSQL (see README, Usage aggregates).
+    #[command(subcommand)]
+    Aggregates(AggregatesCommand),
+    /// Print the usage aggregates from PostgreSQL as a table: calls,
+    /// requested, returned, 409 shortages and replays per client, hour or
+    /// day; proxies handed out per upstream, protocol or region.
+    Usage(UsageArgs),
     /// Measure extraction throughput and latency through the real handler
     /// against a trivial EVALSHA on the same Redis (see README, Performance).
     /// Build with --release.
     Bench(BenchArgs),
+}
+
+/// `aggregates …`.
+#[derive(Subcommand)]
+pub enum AggregatesCommand {
+    /// Move closed hours of usage counters from Redis to PostgreSQL (what
+    /// the scheduled invocation does in Lambda); safe to run again or
+    /// concurrently: an hour is never counted twice.
+    Flush(FlushArgs),
+}
+
+/// The aggregates database a command uses.
+#[derive(Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL URL (postgres://user:password@host/db?sslmode=require).
+    /// Prefer the variable: a password on the command line is visible to
+    /// other users. Without either, PROXY_POOL_AGGREGATES_DATABASE_SECRET_ID.
+    #[arg(
+        long,
+        env = "PROXY_POOL_AGGREGATES_DATABASE_URL",
+        hide_env_values = true
+    )]
+    pub database_url: Option<String>,
+}
+
+/// `aggregates flush`.
+#[derive(Args)]
+pub struct FlushArgs {
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `usage`.
+#[derive(Args)]
+pub struct UsageArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Only this client (`anonymous` for anonymous callers).
+    #[arg(long)]
+    pub client: Option<String>,
+    /// From this instant: RFC 3339, or a span back from now (`36h`, `30d`).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Up to this instant (excluded), in the same forms.
+    #[arg(long)]
+    pub until: Option<String>,
+    /// Group by any of hour, day, client, outcome, upstream, protocol,
+    /// region, comma-separated (upstream, protocol and region count
+    /// proxies; the others count calls). Default: client.
+    #[arg(long, value_delimiter = ',', default_value = "client")]
+    pub by: Vec<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `serve`.
@@ -239,6 +305,10 @@ pub struct BenchArgs {
     /// PROXY_POOL_REPLICA_ACKS values to measure (e.g. 0,1).
     #[arg(long, value_delimiter = ',')]
     pub replica_acks: Vec<u32>,
+    /// Do not count extractions in the hourly usage counters (on by
+    /// default, as in a deployment with an aggregates database).
+    #[arg(long)]
+    pub no_usage_counters: bool,
     /// A smoke run: N=1k, 18 combinations, no filters, counts 1,10, C 1,8,
     /// a few hundred requests per cell.
     #[arg(long)]

@@ -3,8 +3,10 @@
 //! One file per command group: [`cli`] (every command and its arguments),
 //! [`serve`], [`load`] (`load`, `load-demo`), [`stats`] (`stats`, `prune`),
 //! [`contract`] (`health`, `claim`, `drain`, `ack`, `release`, `remove`),
-//! [`credentials`] (`hash-credential`) and [`bench`].
+//! [`credentials`] (`hash-credential`), [`aggregates`] (`aggregates flush`,
+//! `usage`) and [`bench`].
 
+mod aggregates;
 mod bench;
 mod cli;
 mod contract;
@@ -45,6 +47,8 @@ async fn main() -> ExitCode {
         Command::HashCredential(args) => credentials::hash(args),
         Command::Load(args) => load::load(args).await,
         Command::LoadDemo(args) => load::load_demo(args).await,
+        Command::Aggregates(cli::AggregatesCommand::Flush(args)) => aggregates::flush(args).await,
+        Command::Usage(args) => aggregates::usage(args).await,
         Command::Bench(args) => bench::command(args).await,
     };
     match result {
