@@ -56,6 +56,13 @@ pub const POOL: [&str; 12] = [
     IX_HINT, IX_KINDS,
 ];
 
+/// `HASH` `"<kind>:<hex sha256>"` -> client id: every credential digest of
+/// the Redis client registry (`kind` is `apiKey`, `bearer` or `basic`).
+pub const CLIENT_CREDENTIALS: &str = "{pp}:clients";
+/// `HASH` client id -> its entry (JSON, the registry document's form:
+/// digests and settings, never a secret).
+pub const CLIENT_ENTRIES: &str = "{pp}:client";
+
 /// `STRING`: the global rate limit's theoretical arrival time (GCRA, ms).
 pub const RATE_GLOBAL: &str = "{pp}:rl:global";
 

@@ -4,7 +4,7 @@
 //! types of its extraction contract (`query`), the operations the
 //! Controller, health checker and Gateway Workers use (`contract`), and the
 //! upkeep the scheduled health check runs: pruning and inventory
-//! (`maintenance`). It depends on nothing else in the crate but `clock`.
+//! (`maintenance`), and the storage of the Redis client registry (`clients`). It depends on nothing else in the crate but `clock`.
 //!
 //! Each proxy is its details (`{pp}:proxies`, deleted once handed out) and
 //! its state (`{pp}:state`, a tombstone once extracted); every allocatable,
@@ -15,6 +15,7 @@
 //! `tests/common/model.rs`.)
 
 mod acknowledger;
+mod clients;
 mod connection;
 mod contract;
 mod error;
@@ -25,6 +26,7 @@ mod query;
 mod redis_pool;
 mod scripts;
 
+pub use clients::{MAX_CLIENT_BATCH, MAX_CLIENT_CREDENTIALS, PutMode, PutOutcome, StoredClient};
 pub use connection::{PoolConnection, RedisOptions};
 pub use contract::{ContractOp, ContractReply, Verdict};
 pub use error::{Outage, OutageClass, PoolError};
