@@ -316,6 +316,11 @@ pub struct BenchArgs {
     /// PROXY_POOL_REPLICA_ACKS values to measure (e.g. 0,1).
     #[arg(long, value_delimiter = ',')]
     pub replica_acks: Vec<u32>,
+    /// Clients in the Redis client registry (PROXY_POOL_CLIENT_REGISTRY=redis),
+    /// loaded after each fill; every request presents one of their API keys,
+    /// so identity includes the lookup (default 0: anonymous callers).
+    #[arg(long, default_value_t = 0)]
+    pub registry_clients: usize,
     /// A smoke run: N=1k, 18 combinations, no filters, counts 1,10, C 1,8,
     /// a few hundred requests per cell.
     #[arg(long)]
