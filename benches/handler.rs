@@ -16,13 +16,15 @@
 use std::future::Future;
 use std::hint::black_box;
 use std::pin::pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use lambda_http::Body;
 use lambda_http::http::{Request, StatusCode};
-use proxy_pool::distribution::EXTRACT_PATH;
+use proxy_pool::config::Config;
+use proxy_pool::distribution::{self, App, EXTRACT_PATH};
 use proxy_pool::extraction::{ExtractRequest, IdempotencyKey};
 use proxy_pool::httpapi::{RequestId, json_response};
 use proxy_pool::local::{PoolShape, RedisServer, synthetic_proxy};
@@ -221,18 +223,66 @@ fn handler(c: &mut Criterion) {
 }
 
 /// Identity through the Redis registry (one lookup script call to a local
-/// `redis-server`) at 20, 10,000 and 100,000 clients.
+/// `redis-server`) at 20, 10,000 and 100,000 clients, and a whole count=1
+/// extraction through the handler with that lookup, against the same
+/// extraction by an anonymous caller.
 fn redis_identity(c: &mut Criterion, keyed_request: &Request<Body>) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
+    let _runtime = rt.enter();
     let server = rt
         .block_on(RedisServer::start())
         .expect("redis-server must be installed for this bench");
     let pool = RedisPool::new(&server.url(), std::time::Duration::from_secs(5)).expect("a pool");
-    let registry = RedisRegistry::new(pool);
+    let registry = RedisRegistry::new(pool.clone());
     let guard = Guard::new(api_key_schemes(), SourcePolicy::default(), registry.clone());
+    let config = Config {
+        client_rate: None,
+        global_rate: None,
+        max_health_check_age: std::time::Duration::from_secs(3600),
+        ..Config::default()
+    };
+    let keyed_app = App::new(
+        config.settings(),
+        pool.clone(),
+        Arc::new(Guard::new(
+            api_key_schemes(),
+            SourcePolicy::default(),
+            registry.clone(),
+        )),
+    );
+    let anonymous_app = App::new(config.settings(), pool.clone(), Arc::new(anonymous_guard()));
+    let extract = |app: &App, key: bool| {
+        let mut builder = Request::post(EXTRACT_PATH).header("content-type", "application/json");
+        if key {
+            builder = builder.header("x-api-key", API_KEY);
+        }
+        let mut request = builder
+            .body(Body::from(r#"{"count":1}"#))
+            .expect("a valid request");
+        request
+            .extensions_mut()
+            .insert(PeerAddr(([203, 0, 113, 7], 40_000).into()));
+        let response = rt.block_on(distribution::handle(app, request));
+        assert_eq!(response.status(), StatusCode::OK);
+    };
+    let mut next_proxy = 0;
+    let mut refill = || {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let batch: Vec<_> = (next_proxy..next_proxy + 20_000)
+            .map(|i| synthetic_proxy(i, now, PoolShape::SMALL))
+            .collect();
+        next_proxy += 20_000;
+        rt.block_on(pool.upsert(&batch)).expect("a pool");
+    };
+    refill();
+    c.bench_function("extract/count1_anonymous", |b| {
+        b.iter(|| extract(&anonymous_app, false))
+    });
     let mut loaded = 0;
     for n in [20, 10_000, 100_000] {
         rt.block_on(registry.import(&clients_document(loaded, n)))
@@ -243,6 +293,10 @@ fn redis_identity(c: &mut Criterion, keyed_request: &Request<Body>) {
                 rt.block_on(guard.resolve(black_box(keyed_request)))
                     .expect("client-7")
             })
+        });
+        refill();
+        c.bench_function(&format!("extract/count1_redis_{n}_clients"), |b| {
+            b.iter(|| extract(&keyed_app, true))
         });
     }
 }
