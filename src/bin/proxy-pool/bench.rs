@@ -15,7 +15,8 @@
 //!    `POST /api/v1/proxies/extract` `{"count":K}` and the cell's filters
 //!    ([`FilterShape`]: none, one region, region + carrier, protocol +
 //!    upstream; the values rotate from request to request over the pool's
-//!    own), anonymous (`AuthSchemes` `none`), rate limits off, no
+//!    own), anonymous (`AuthSchemes` `none`; with `--registry-clients N`,
+//!    an API key of one of N clients in the Redis registry), rate limits off, no
 //!    `Idempotency-Key` unless asked, and the access log formatted as in
 //!    Lambda (JSON) but discarded.
 //!
@@ -1212,13 +1213,21 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "proxy-pool bench: redis {} on {} CPUs, {}, rate limits off, anonymous",
+            "proxy-pool bench: redis {} on {} CPUs, {}, rate limits off, {}",
             self.redis_version,
             self.cpus,
             if self.plan.idempotency {
                 "with Idempotency-Key"
             } else {
                 "no Idempotency-Key"
+            },
+            if self.plan.registry_clients == 0 {
+                "anonymous".to_owned()
+            } else {
+                format!(
+                    "API keys of {} clients in the Redis registry",
+                    human(self.plan.registry_clients)
+                )
             }
         );
         for f in &self.fills {
