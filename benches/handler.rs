@@ -13,20 +13,26 @@
 //! `cargo bench --bench handler`; `cargo test --all-targets` runs each once.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: its fixtures are known good
 
+use std::future::Future;
 use std::hint::black_box;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use lambda_http::Body;
 use lambda_http::http::{Request, StatusCode};
-use proxy_pool::distribution::EXTRACT_PATH;
+use proxy_pool::config::Config;
+use proxy_pool::distribution::{self, App, EXTRACT_PATH};
 use proxy_pool::extraction::{ExtractRequest, IdempotencyKey};
 use proxy_pool::httpapi::{RequestId, json_response};
-use proxy_pool::local::{PoolShape, synthetic_proxy};
-use proxy_pool::pool::{CommittedExtraction, Fulfillment};
+use proxy_pool::local::{PoolShape, RedisServer, synthetic_proxy};
+use proxy_pool::pool::{CommittedExtraction, Fulfillment, RedisPool};
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{
-    AuthSchemes, ClientRegistry, Guard, IdentityResolver, PeerAddr, RegistryHandle, SourcePolicy,
+    AuthSchemes, ClientRegistry, Guard, IdentityResolver, PeerAddr, RedisRegistry, RegistryHandle,
+    SourcePolicy,
 };
 
 const BODY: &str = r#"{"count":10,"fulfillment":"partial","filters":{"protocols":["http","socks5"],"regions":["shanghai"]}}"#;
@@ -47,16 +53,24 @@ fn request(api_key: bool) -> lambda_http::Request {
     request
 }
 
-fn guard(api_key: bool) -> Guard {
-    if !api_key {
-        let schemes = AuthSchemes {
-            none: true,
-            ..AuthSchemes::default()
-        };
-        return Guard::new(schemes, SourcePolicy::default(), RegistryHandle::default());
+fn anonymous_guard() -> Guard {
+    let schemes = AuthSchemes {
+        none: true,
+        ..AuthSchemes::default()
+    };
+    Guard::new(schemes, SourcePolicy::default(), RegistryHandle::default())
+}
+
+fn api_key_schemes() -> AuthSchemes {
+    AuthSchemes {
+        api_key: true,
+        ..AuthSchemes::default()
     }
-    // A registry of 20 clients: every stored key digest is compared.
-    let clients: Vec<String> = (0..20)
+}
+
+/// A registry document of clients `from..to`; client 7 holds `API_KEY`.
+fn clients_document(from: usize, to: usize) -> String {
+    let clients: Vec<String> = (from..to)
         .map(|i| {
             let key = if i == 7 {
                 API_KEY.to_owned()
@@ -69,17 +83,31 @@ fn guard(api_key: bool) -> Guard {
             )
         })
         .collect();
-    let doc = format!(r#"{{"clients":[{}]}}"#, clients.join(","));
-    let registry = ClientRegistry::parse(&doc).expect("a valid registry");
-    let schemes = AuthSchemes {
-        api_key: true,
-        ..AuthSchemes::default()
-    };
+    format!(r#"{{"clients":[{}]}}"#, clients.join(","))
+}
+
+/// A guard over a registry document of `n` clients: every stored key
+/// digest is compared.
+fn document_guard(n: usize) -> Guard {
+    let registry = ClientRegistry::parse(&clients_document(0, n)).expect("a valid registry");
     Guard::new(
-        schemes,
+        api_key_schemes(),
         SourcePolicy::default(),
         RegistryHandle::with(registry),
     )
+}
+
+/// The value of a future that is ready at once (a document registry's
+/// resolution does no I/O).
+fn ready<T>(f: impl Future<Output = T>) -> T {
+    let mut f = pin!(f);
+    match f
+        .as_mut()
+        .poll(&mut Context::from_waker(std::task::Waker::noop()))
+    {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("a document registry never waits"),
+    }
 }
 
 /// The reply `lua/extract.lua` sends for 10 proxies: the response's fields of each.
@@ -136,8 +164,8 @@ fn handler(c: &mut Criterion) {
         .finish();
     let _log = tracing::subscriber::set_default(subscriber);
 
-    let anonymous = guard(false);
-    let keyed = guard(true);
+    let anonymous = anonymous_guard();
+    let keyed = document_guard(20);
     let anonymous_request = request(false);
     let keyed_request = request(true);
     let reply = script_reply();
@@ -147,11 +175,18 @@ fn handler(c: &mut Criterion) {
         b.iter(|| RequestId::from_headers(black_box(anonymous_request.headers())))
     });
     c.bench_function("identity/anonymous", |b| {
-        b.iter(|| anonymous.resolve(black_box(&anonymous_request)))
+        b.iter(|| ready(anonymous.resolve(black_box(&anonymous_request))))
     });
     c.bench_function("identity/api_key_20_clients", |b| {
-        b.iter(|| keyed.resolve(black_box(&keyed_request)))
+        b.iter(|| ready(keyed.resolve(black_box(&keyed_request))))
     });
+    for n in [10_000, 100_000] {
+        let guard = document_guard(n);
+        c.bench_function(&format!("identity/document_{n}_clients"), |b| {
+            b.iter(|| ready(guard.resolve(black_box(&keyed_request))))
+        });
+    }
+    redis_identity(c, &keyed_request);
     c.bench_function("decode_and_digest", |b| {
         b.iter(|| {
             let key = IdempotencyKey::from_headers(anonymous_request.headers());
@@ -171,7 +206,7 @@ fn handler(c: &mut Criterion) {
         b.iter(|| {
             let request = black_box(&keyed_request);
             let id = RequestId::from_headers(request.headers()).unwrap_or_else(|e| e);
-            let identity = keyed.resolve(request).ok()?;
+            let identity = ready(keyed.resolve(request)).ok()?;
             let key = IdempotencyKey::from_headers(request.headers()).ok()?;
             let Body::Text(body) = request.body() else {
                 return None;
@@ -185,6 +220,85 @@ fn handler(c: &mut Criterion) {
             Some((digest, filters, response))
         })
     });
+}
+
+/// Identity through the Redis registry (one lookup script call to a local
+/// `redis-server`) at 20, 10,000 and 100,000 clients, and a whole count=1
+/// extraction through the handler with that lookup, against the same
+/// extraction by an anonymous caller.
+fn redis_identity(c: &mut Criterion, keyed_request: &Request<Body>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let _runtime = rt.enter();
+    let server = rt
+        .block_on(RedisServer::start())
+        .expect("redis-server must be installed for this bench");
+    let pool = RedisPool::new(&server.url(), std::time::Duration::from_secs(5)).expect("a pool");
+    let registry = RedisRegistry::new(pool.clone());
+    let guard = Guard::new(api_key_schemes(), SourcePolicy::default(), registry.clone());
+    let config = Config {
+        client_rate: None,
+        global_rate: None,
+        max_health_check_age: std::time::Duration::from_secs(3600),
+        ..Config::default()
+    };
+    let keyed_app = App::new(
+        config.settings(),
+        pool.clone(),
+        Arc::new(Guard::new(
+            api_key_schemes(),
+            SourcePolicy::default(),
+            registry.clone(),
+        )),
+    );
+    let anonymous_app = App::new(config.settings(), pool.clone(), Arc::new(anonymous_guard()));
+    let extract = |app: &App, key: bool| {
+        let mut builder = Request::post(EXTRACT_PATH).header("content-type", "application/json");
+        if key {
+            builder = builder.header("x-api-key", API_KEY);
+        }
+        let mut request = builder
+            .body(Body::from(r#"{"count":1}"#))
+            .expect("a valid request");
+        request
+            .extensions_mut()
+            .insert(PeerAddr(([203, 0, 113, 7], 40_000).into()));
+        let response = rt.block_on(distribution::handle(app, request));
+        assert_eq!(response.status(), StatusCode::OK);
+    };
+    let mut next_proxy = 0;
+    let mut refill = || {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let batch: Vec<_> = (next_proxy..next_proxy + 20_000)
+            .map(|i| synthetic_proxy(i, now, PoolShape::SMALL))
+            .collect();
+        next_proxy += 20_000;
+        rt.block_on(pool.upsert(&batch)).expect("a pool");
+    };
+    refill();
+    c.bench_function("extract/count1_anonymous", |b| {
+        b.iter(|| extract(&anonymous_app, false))
+    });
+    let mut loaded = 0;
+    for n in [20, 10_000, 100_000] {
+        rt.block_on(registry.import(&clients_document(loaded, n)))
+            .expect("imported");
+        loaded = n;
+        c.bench_function(&format!("identity/redis_{n}_clients"), |b| {
+            b.iter(|| {
+                rt.block_on(guard.resolve(black_box(keyed_request)))
+                    .expect("client-7")
+            })
+        });
+        refill();
+        c.bench_function(&format!("extract/count1_redis_{n}_clients"), |b| {
+            b.iter(|| extract(&keyed_app, true))
+        });
+    }
 }
 
 fn quick() -> Criterion {

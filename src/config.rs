@@ -55,6 +55,9 @@ pub struct Config {
     pub clients_secret_id: Option<String>,
     /// `PROXY_POOL_CLIENTS_REFRESH_SECONDS`: how often the registry is reloaded.
     pub clients_refresh: Duration,
+    /// `PROXY_POOL_CLIENT_REGISTRY`: `redis` reads clients from the pool's
+    /// Redis on every request instead of a document (default `false`: the document).
+    pub clients_in_redis: bool,
     /// `PROXY_POOL_TRUSTED_PROXIES`, `PROXY_POOL_ALLOWED_SOURCES`,
     /// `PROXY_POOL_DENIED_SOURCES`: comma-separated CIDRs;
     /// `PROXY_POOL_TRUST_ALB`: believe an ALB event's `X-Forwarded-For`;
@@ -106,6 +109,7 @@ impl Default for Config {
             },
             clients_secret_id: None,
             clients_refresh: Duration::from_secs(300),
+            clients_in_redis: false,
             sources: SourcePolicy::default(),
             global_rate: None,
             client_rate: Some(Rate {
@@ -296,6 +300,16 @@ impl Config {
                 d.clients_refresh,
                 10..=86_400,
             )?,
+            clients_in_redis: match get("PROXY_POOL_CLIENT_REGISTRY").as_deref() {
+                None | Some("document") => false,
+                Some("redis") => true,
+                Some(_) => {
+                    return Err(ConfigError {
+                        variable: "PROXY_POOL_CLIENT_REGISTRY",
+                        reason: "must be `document` or `redis`".into(),
+                    });
+                }
+            },
             sources: SourcePolicy {
                 trusted_proxies: nets(&get, "PROXY_POOL_TRUSTED_PROXIES")?,
                 trust_alb: flag(&get, "PROXY_POOL_TRUST_ALB", d.sources.trust_alb)?,
@@ -450,6 +464,7 @@ mod tests {
             ("PROXY_POOL_CLIENTS_SECRET_ID", "clients"),
             ("PROXY_POOL_REDIS_SECRET_ID", "redis"),
             ("PROXY_POOL_CLIENTS_REFRESH_SECONDS", "60"),
+            ("PROXY_POOL_CLIENT_REGISTRY", "redis"),
             ("PROXY_POOL_TRUSTED_PROXIES", "10.0.0.0/8, 192.0.2.1"),
             ("PROXY_POOL_TRUST_ALB", "true"),
             ("PROXY_POOL_ANONYMOUS_IPV6_PREFIX", "56"),
@@ -486,6 +501,7 @@ mod tests {
         assert_eq!(c.clients_secret_id.as_deref(), Some("clients"));
         assert_eq!(c.redis_secret_id.as_deref(), Some("redis"));
         assert_eq!(c.clients_refresh, Duration::from_secs(60));
+        assert!(c.clients_in_redis);
         assert_eq!(c.sources.trusted_proxies.len(), 2);
         assert!(c.sources.trust_alb);
         assert_eq!(c.sources.anonymous_ipv6_prefix, 56);

@@ -35,14 +35,14 @@
 //!   validation, the service applying the caller's identity and the
 //!   server's policy, the rendered body.
 //! * [`security`] → pool, httpapi: who is calling and may they: trusted
-//!   proxies, source control, authentication, the client registry, rate
-//!   limits.
+//!   proxies, source control, authentication, the client registry (a
+//!   document in memory, or one entry per client in Redis), rate limits.
 //! * [`local`] → pool: a private `redis-server` and synthetic proxies (the
 //!   demo pool, the bench's pools).
 //! * [`httpapi`]: request ids, RFC 9457 problems, JSON responses.
 //! * [`pool`] → clock: the Redis pool: key layout, Lua scripts (`lua/`), the
 //!   adapter and its connection (one server or a Redis Cluster, TLS, replica
-//!   acks), the contract operations, upkeep.
+//!   acks), the contract operations, upkeep, the Redis client registry's keys.
 //! * [`clock`]: the machine's clock and RFC 3339.
 //! * [`telemetry`]: tracing set-up (JSON in Lambda, text locally).
 

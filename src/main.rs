@@ -24,7 +24,8 @@ async fn main() -> Result<(), Error> {
         .ok_or("PROXY_POOL_REDIS_URL: is required in Lambda")?;
     let pool = startup::redis_pool(&config, store.as_ref(), &url)?;
     let aggregates = startup::aggregates(&config, store.as_ref());
-    let registry = startup::client_registry(&config, store, LocalRegistry::default()).await?;
+    let registry =
+        startup::client_registry(&config, store, LocalRegistry::default(), &pool).await?;
     let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
     let app = Arc::new(App::new(config.settings(), pool.clone(), Arc::new(guard)));
     let function = Arc::new(Function::new(app, pool, &config).with_aggregates(aggregates));

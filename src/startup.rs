@@ -15,7 +15,7 @@ use crate::pool::{CredentialSource, PoolError, RedisPool};
 use crate::secrets::{
     RegistrySource, SecretStore, redis_url_from_secret, start_registry, start_registry_strict,
 };
-use crate::security::{ClientRegistry, RegistryHandle};
+use crate::security::{ClientRegistry, Directory, RedisRegistry, RegistryHandle};
 
 /// Why the process cannot start; names the setting at fault, never a secret.
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +105,8 @@ pub struct LocalRegistry {
 }
 
 /// The client registry, by the first rule that applies: none when the
-/// enabled schemes need none; the local file (a bad one is an error now);
+/// enabled schemes need none; the Redis registry in `pool` when
+/// `PROXY_POOL_CLIENT_REGISTRY=redis`; the local file (a bad one is an error now);
 /// the secret `PROXY_POOL_CLIENTS_SECRET_ID` (reloaded every
 /// `PROXY_POOL_CLIENTS_REFRESH_SECONDS`; a failed first load answers 503
 /// until one succeeds); the fixed registry; else an error.
@@ -113,24 +114,29 @@ pub async fn client_registry(
     config: &Config,
     store: Option<SecretStore>,
     local: LocalRegistry,
-) -> Result<RegistryHandle, StartupError> {
+    pool: &RedisPool,
+) -> Result<Directory, StartupError> {
     if !config.auth_schemes.need_registry() {
-        return Ok(RegistryHandle::default());
+        return Ok(RegistryHandle::default().into());
+    }
+    if config.clients_in_redis {
+        return Ok(RedisRegistry::new(pool.clone()).into());
     }
     if let Some(path) = local.file {
         return start_registry_strict(RegistrySource::File(path), config.clients_refresh)
             .await
+            .map(Directory::from)
             .map_err(|e| StartupError(e.to_string()));
     }
     if let (Some(id), Some(store)) = (config.clients_secret_id.clone(), store) {
         let source = RegistrySource::Secret { store, id };
-        return Ok(start_registry(source, config.clients_refresh).await);
+        return Ok(start_registry(source, config.clients_refresh).await.into());
     }
     if let Some(registry) = local.fixed {
-        return Ok(RegistryHandle::with(registry));
+        return Ok(RegistryHandle::with(registry).into());
     }
     Err(StartupError(
-        "PROXY_POOL_CLIENTS_SECRET_ID: is required when PROXY_POOL_AUTH_SCHEMES enables apiKey, basic or bearer (or give serve --clients FILE)".into(),
+        "PROXY_POOL_CLIENTS_SECRET_ID (or PROXY_POOL_CLIENT_REGISTRY=redis): is required when PROXY_POOL_AUTH_SCHEMES enables apiKey, basic or bearer (or give serve --clients FILE)".into(),
     ))
 }
 

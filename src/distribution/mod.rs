@@ -15,7 +15,7 @@ use crate::extraction::{
 };
 use crate::httpapi::{InvalidParam, Problem, RequestId, json_response, to_json};
 use crate::pool::{ExtractionOutcome, PoolError, RedisPool};
-use crate::security::{Identity, IdentityResolver, Rate, RateLimiter, Refusal};
+use crate::security::{Identity, IdentityResolver, Rate, RateLimiter, Refusal, Unresolved};
 
 /// The extraction endpoint.
 pub const EXTRACT_PATH: &str = "/api/v1/proxies/extract";
@@ -194,7 +194,14 @@ async fn extract(
     if app.is_draining() {
         return Err(Problem::unavailable("the service is draining"));
     }
-    let identity = app.identity.resolve(&request)?;
+    let identity = app
+        .identity
+        .resolve(&request)
+        .await
+        .map_err(|unresolved| match unresolved {
+            Unresolved::Refused(problem) => problem,
+            Unresolved::Pool(e) => pool_problem(e),
+        })?;
     log.client_id = Some(identity.client_id.clone());
     let limits = app
         .limiter

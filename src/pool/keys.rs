@@ -66,6 +66,12 @@ pub const USAGE_UNFLUSHED: &str = "{pp}:usage:unflushed";
 pub fn usage_hour(hour_start_s: i64) -> String {
     format!("{HASH_TAG}:usage:{hour_start_s}")
 }
+/// `HASH` `"<kind>:<hex sha256>"` -> client id: every credential digest of
+/// the Redis client registry (`kind` is `apiKey`, `bearer` or `basic`).
+pub const CLIENT_CREDENTIALS: &str = "{pp}:clients";
+/// `HASH` client id -> its entry (JSON, the registry document's form:
+/// digests and settings, never a secret).
+pub const CLIENT_ENTRIES: &str = "{pp}:client";
 
 /// `STRING`: the global rate limit's theoretical arrival time (GCRA, ms).
 pub const RATE_GLOBAL: &str = "{pp}:rl:global";

@@ -4,9 +4,9 @@
 //! types of its extraction contract (`query`), the operations the
 //! Controller, health checker and Gateway Workers use (`contract`), and the
 //! upkeep the scheduled health check runs: pruning and inventory
-//! (`maintenance`), and the hourly usage counters extraction writes and a
-//! flush moves elsewhere (`usage`). It depends on nothing else in the crate
-//! but `clock`.
+//! (`maintenance`), the hourly usage counters extraction writes and a flush
+//! moves elsewhere (`usage`), and the storage of the Redis client registry
+//! (`clients`). It depends on nothing else in the crate but `clock`.
 //!
 //! Each proxy is its details (`{pp}:proxies`, deleted once handed out) and
 //! its state (`{pp}:state`, a tombstone once extracted); every allocatable,
@@ -17,6 +17,7 @@
 //! `tests/common/model.rs`.)
 
 mod acknowledger;
+mod clients;
 mod connection;
 mod contract;
 mod error;
@@ -28,6 +29,7 @@ mod redis_pool;
 mod scripts;
 mod usage;
 
+pub use clients::{MAX_CLIENT_BATCH, MAX_CLIENT_CREDENTIALS, PutMode, PutOutcome, StoredClient};
 pub use connection::{PoolConnection, RedisOptions};
 pub use contract::{ContractOp, ContractReply, Verdict};
 pub use error::{Outage, OutageClass, PoolError};

@@ -42,6 +42,15 @@ pub(super) static RATELIMIT: LazyLock<Script> =
 /// `lua/usage_backlog.lua` (read only, no pool keys: no prelude).
 pub(super) static USAGE_BACKLOG: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/usage_backlog.lua")));
+/// `lua/client_lookup.lua` (the Redis client registry: no prelude).
+pub(super) static CLIENT_LOOKUP: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/client_lookup.lua")));
+/// `lua/client_put.lua`.
+pub(super) static CLIENT_PUT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/client_put.lua")));
+/// `lua/client_revoke.lua`.
+pub(super) static CLIENT_REVOKE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/client_revoke.lua")));
 
 /// An invocation of a pool script with the pool keys already declared.
 pub(super) fn with_pool_keys(script: &Script) -> ScriptInvocation<'_> {

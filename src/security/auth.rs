@@ -9,9 +9,10 @@ use ipnet::{IpNet, Ipv6Net};
 use lambda_http::Request;
 use lambda_http::http::{HeaderMap, header};
 
-use super::registry::{ClientRegistry, CredentialKind};
+use super::directory::{DirectoryError, RedisRegistry};
+use super::registry::{Client, ClientRegistry, CredentialKind};
 use super::source::{Unknown, client_ip};
-use super::{Identity, IdentityResolver};
+use super::{Identity, IdentityResolver, Resolving, Unresolved};
 use crate::httpapi::Problem;
 
 /// Longest credential header value considered.
@@ -138,11 +139,33 @@ impl RegistryHandle {
     }
 }
 
+/// Where the guard finds clients (`PROXY_POOL_CLIENT_REGISTRY`).
+#[derive(Clone)]
+pub enum Directory {
+    /// A registry document held in memory (Secrets Manager, a file, fixed):
+    /// every stored digest of the scheme compared in constant time.
+    Document(RegistryHandle),
+    /// The Redis registry: one lookup by digest per request.
+    Redis(RedisRegistry),
+}
+
+impl From<RegistryHandle> for Directory {
+    fn from(handle: RegistryHandle) -> Self {
+        Self::Document(handle)
+    }
+}
+
+impl From<RedisRegistry> for Directory {
+    fn from(registry: RedisRegistry) -> Self {
+        Self::Redis(registry)
+    }
+}
+
 /// Resolves callers per the configured schemes, registry and source policy.
 pub struct Guard {
     schemes: AuthSchemes,
     sources: SourcePolicy,
-    registry: RegistryHandle,
+    registry: Directory,
 }
 
 enum Presented {
@@ -153,11 +176,15 @@ enum Presented {
 
 impl Guard {
     /// A guard enforcing `schemes` against `registry` and `sources`.
-    pub fn new(schemes: AuthSchemes, sources: SourcePolicy, registry: RegistryHandle) -> Self {
+    pub fn new(
+        schemes: AuthSchemes,
+        sources: SourcePolicy,
+        registry: impl Into<Directory>,
+    ) -> Self {
         Self {
             schemes,
             sources,
-            registry,
+            registry: registry.into(),
         }
     }
 
@@ -193,18 +220,23 @@ impl Guard {
 }
 
 impl IdentityResolver for Guard {
-    fn resolve(&self, request: &Request) -> Result<Identity, Problem> {
+    fn resolve<'a>(&'a self, request: &'a Request) -> Resolving<'a> {
+        Box::pin(self.identify(request))
+    }
+}
+
+impl Guard {
+    async fn identify(&self, request: &Request) -> Result<Identity, Unresolved> {
         let ip = client_ip(
             request,
             &self.sources.trusted_proxies,
             self.sources.trust_alb,
         )
         .map_err(unknown_source)?;
-        let inside = |nets: &[IpNet], ip: &IpAddr| nets.iter().any(|n| n.contains(ip));
         if inside(&self.sources.denied, &ip)
             || (!self.sources.allowed.is_empty() && !inside(&self.sources.allowed, &ip))
         {
-            return Err(Self::forbidden_source());
+            return Err(Self::forbidden_source().into());
         }
         // With `none` the only scheme there is nothing to check credentials
         // against and no challenge to send, and a 401 without one breaks
@@ -214,8 +246,8 @@ impl IdentityResolver for Guard {
         }
         let (kind, secret) = match presented(request.headers()) {
             Presented::Nothing if self.schemes.none => return Ok(self.anonymous(ip)),
-            Presented::Nothing => return Err(self.unauthorized("credentials are required")),
-            Presented::Malformed => return Err(self.unauthorized("malformed credentials")),
+            Presented::Nothing => return Err(self.unauthorized("credentials are required").into()),
+            Presented::Malformed => return Err(self.unauthorized("malformed credentials").into()),
             Presented::Credential(kind, secret) => (kind, secret),
         };
         let enabled = match kind {
@@ -224,27 +256,49 @@ impl IdentityResolver for Guard {
             CredentialKind::Bearer => self.schemes.bearer,
         };
         if !enabled {
-            return Err(self.unauthorized("this authentication scheme is not enabled"));
+            return Err(self
+                .unauthorized("this authentication scheme is not enabled")
+                .into());
         }
-        let registry = self
-            .registry
-            .current()
-            .ok_or_else(|| Problem::unavailable("the client registry is not loaded yet"))?;
-        let client = registry
-            .authenticate(kind, &secret)
-            .ok_or_else(|| self.unauthorized("invalid credentials"))?;
+        let client = match &self.registry {
+            Directory::Document(handle) => {
+                let registry = handle
+                    .current()
+                    .ok_or_else(|| Problem::unavailable("the client registry is not loaded yet"))?;
+                registry.authenticate(kind, &secret).cloned()
+            }
+            Directory::Redis(redis) => match redis.authenticate(kind, &secret).await {
+                Ok(client) => client,
+                Err(DirectoryError::Pool(e)) => return Err(Unresolved::Pool(e)),
+                Err(e) => {
+                    tracing::error!(error = %e, "client registry entry unusable");
+                    return Err(Problem::internal().into());
+                }
+            },
+        };
+        let client = client.ok_or_else(|| self.unauthorized("invalid credentials"))?;
+        self.admit_client(client, ip)
+    }
+
+    /// The identity of `client` calling from `ip`, if its sources allow.
+    fn admit_client(&self, client: Client, ip: IpAddr) -> Result<Identity, Unresolved> {
         if !client.allowed_sources.is_empty() && !inside(&client.allowed_sources, &ip) {
-            return Err(Self::forbidden_source());
+            return Err(Self::forbidden_source().into());
         }
         Ok(Identity {
-            client_id: client.id.clone(),
             rate_key: client.id.clone(),
+            client_id: client.id,
             source_ip: ip,
-            allowed_upstreams: client.allowed_upstreams.clone(),
+            allowed_upstreams: client.allowed_upstreams,
             max_count: client.max_count,
             rate: client.rate,
         })
     }
+}
+
+/// Whether `ip` is inside any of `nets`.
+fn inside(nets: &[IpNet], ip: &IpAddr) -> bool {
+    nets.iter().any(|n| n.contains(ip))
 }
 
 /// The 403 for a request whose client address is not known.

@@ -35,7 +35,12 @@ impl CredentialHash {
 
     /// The registry form, `sha256:<64 hex>`.
     pub fn encode(&self) -> String {
-        format!("{PREFIX}{}", hex::encode(self.0))
+        format!("{PREFIX}{}", self.hex())
+    }
+
+    /// The digest in lowercase hex.
+    pub fn hex(&self) -> String {
+        hex::encode(self.0)
     }
 
     /// Constant-time equality.

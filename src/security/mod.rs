@@ -4,21 +4,26 @@
 
 mod auth;
 pub mod credentials;
+mod directory;
 mod ratelimit;
 pub mod registry;
 mod source;
 
-pub use auth::{AuthSchemes, Guard, RegistryHandle, SchemesError, SourcePolicy};
+pub use auth::{AuthSchemes, Directory, Guard, RegistryHandle, SchemesError, SourcePolicy};
+pub use directory::{DirectoryError, Imported, RedisRegistry};
 pub use ratelimit::{Rate, RateError, RateLimitHeaders, RateLimiter, Refusal};
-pub use registry::{ClientRegistry, RegistryError};
+pub use registry::{ClientEntry, ClientRegistry, RegistryError};
 pub use source::PeerAddr;
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 
 use lambda_http::Request;
 
 use crate::httpapi::Problem;
+use crate::pool::PoolError;
 
 /// The resolved caller of one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,9 +44,27 @@ pub struct Identity {
     pub rate: Option<Rate>,
 }
 
+/// Why a caller was not resolved.
+#[derive(Debug)]
+pub enum Unresolved {
+    /// The problem to answer with (401, 403, 503).
+    Refused(Problem),
+    /// The Redis client registry could not be read.
+    Pool(PoolError),
+}
+
+impl From<Problem> for Unresolved {
+    fn from(problem: Problem) -> Self {
+        Self::Refused(problem)
+    }
+}
+
+/// A resolution in progress.
+pub type Resolving<'a> = Pin<Box<dyn Future<Output = Result<Identity, Unresolved>> + Send + 'a>>;
+
 /// Resolves the caller of a request from its headers and transport only
-/// (never the body). `Err` is the problem to answer with (401, 403, 503).
+/// (never the body).
 pub trait IdentityResolver: Send + Sync {
     /// Resolves `request`'s caller.
-    fn resolve(&self, request: &Request) -> Result<Identity, Problem>;
+    fn resolve<'a>(&'a self, request: &'a Request) -> Resolving<'a>;
 }

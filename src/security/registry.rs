@@ -1,6 +1,7 @@
 //! The client registry: who may call, with which credentials, from where,
 //! how often and for what. One JSON document, from AWS Secrets Manager in
-//! Lambda or a file locally:
+//! Lambda or a file locally (or, for many clients, one entry of this form per
+//! client in Redis: `security::directory`):
 //!
 //! ```json
 //! {"clients": [{
@@ -15,10 +16,11 @@
 use std::collections::BTreeSet;
 
 use ipnet::IpNet;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::credentials::{CredentialHash, find};
 use super::ratelimit::Rate;
+use crate::pool::MAX_CLIENT_CREDENTIALS;
 
 /// One registered client.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,27 +51,133 @@ pub struct ClientRegistry {
 #[error("client registry: {0}")]
 pub struct RegistryError(String);
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Document {
-    clients: Vec<ClientDoc>,
+impl From<String> for RegistryError {
+    fn from(why: String) -> Self {
+        Self(why)
+    }
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Document {
+    clients: Vec<ClientEntry>,
+}
+
+/// One client as the registry document writes it (digests, never secrets).
+/// The Redis registry stores each client in this form.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct ClientDoc {
-    id: String,
-    #[serde(default)]
-    api_keys: Vec<String>,
-    #[serde(default)]
-    bearer_tokens: Vec<String>,
-    #[serde(default)]
-    basic: Vec<String>,
-    allowed_upstreams: Option<Vec<String>>,
-    #[serde(default)]
-    allowed_sources: Vec<String>,
-    rate_limit: Option<String>,
-    max_count: Option<u32>,
+pub struct ClientEntry {
+    /// Client id.
+    pub id: String,
+    /// API key digests (`sha256:<hex>`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_keys: Vec<String>,
+    /// Bearer token digests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bearer_tokens: Vec<String>,
+    /// Basic `user:password` digests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub basic: Vec<String>,
+    /// Upstreams it may use; absent: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_upstreams: Option<Vec<String>>,
+    /// Source CIDRs it may call from; empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_sources: Vec<String>,
+    /// `RATE[:BURST]` or `off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<String>,
+    /// Its cap on `count`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_count: Option<u32>,
+}
+
+impl ClientEntry {
+    /// Parses one stored entry (JSON) and checks it.
+    pub fn parse(json: &str) -> Result<Client, RegistryError> {
+        let entry: Self = serde_json::from_str(json)
+            .map_err(|e| RegistryError(format!("not a client entry ({:?})", e.classify())))?;
+        entry.check().map_err(RegistryError)
+    }
+
+    /// Its credentials as `"<kind>:<hex sha256>"`, the Redis registry's
+    /// lookup fields (valid digests only: [`ClientEntry::check`] refuses others).
+    pub fn credential_fields(&self) -> Vec<String> {
+        [
+            (CredentialKind::ApiKey, &self.api_keys),
+            (CredentialKind::Bearer, &self.bearer_tokens),
+            (CredentialKind::Basic, &self.basic),
+        ]
+        .into_iter()
+        .flat_map(|(kind, list)| {
+            list.iter()
+                .filter_map(move |d| CredentialHash::parse(d).map(|h| lookup_field(kind, &h)))
+        })
+        .collect()
+    }
+
+    /// Checks every field; the reason names the field, never a value.
+    pub fn check(&self) -> Result<Client, String> {
+        let c = self;
+        if c.id.is_empty()
+            || c.id.len() > 64
+            || !c
+                .id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        {
+            return Err("`id` must be 1 to 64 characters of A-Z a-z 0-9 . _ -".into());
+        }
+        if c.api_keys.len() + c.bearer_tokens.len() + c.basic.len() > MAX_CLIENT_CREDENTIALS {
+            return Err(format!(
+                "at most {MAX_CLIENT_CREDENTIALS} credentials per client"
+            ));
+        }
+        let hashes = |list: &[String], field: &str| {
+            list.iter()
+                .map(|h| CredentialHash::parse(h))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| format!("`{field}` entries must be sha256:<64 hex>"))
+        };
+        let allowed_sources = c
+            .allowed_sources
+            .iter()
+            .map(|s| parse_net(s))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("`allowedSources` entries must be CIDRs or addresses")?;
+        let rate = match &c.rate_limit {
+            None => None,
+            Some(s) => Rate::parse(s).map_err(|e| format!("`rateLimit` {e}"))?,
+        };
+        if c.max_count == Some(0) {
+            return Err("`maxCount` must be at least 1".into());
+        }
+        Ok(Client {
+            api_keys: hashes(&c.api_keys, "apiKeys")?,
+            bearer_tokens: hashes(&c.bearer_tokens, "bearerTokens")?,
+            basic: hashes(&c.basic, "basic")?,
+            id: c.id.clone(),
+            allowed_upstreams: c
+                .allowed_upstreams
+                .as_ref()
+                .map(|u| u.iter().cloned().collect()),
+            allowed_sources,
+            rate,
+            max_count: c.max_count,
+        })
+    }
+}
+
+/// The Redis registry's lookup field of a credential digest:
+/// `"<kind>:<hex sha256>"`.
+pub fn lookup_field(kind: CredentialKind, digest: &CredentialHash) -> String {
+    let kind = match kind {
+        CredentialKind::ApiKey => "apiKey",
+        CredentialKind::Bearer => "bearer",
+        CredentialKind::Basic => "basic",
+    };
+    format!("{kind}:{}", digest.hex())
 }
 
 /// Which presented credential a request carries.
@@ -86,61 +194,12 @@ pub enum CredentialKind {
 impl ClientRegistry {
     /// Parses and checks the registry document.
     pub fn parse(json: &str) -> Result<Self, RegistryError> {
-        let doc: Document = serde_json::from_str(json).map_err(|e| {
-            RegistryError(format!(
-                "not a valid registry document (line {}, column {}: {:?})",
-                e.line(),
-                e.column(),
-                e.classify()
-            ))
-        })?;
-        let mut seen = BTreeSet::new();
-        let mut clients = Vec::with_capacity(doc.clients.len());
-        for (i, c) in doc.clients.into_iter().enumerate() {
-            let at = |what: &str| RegistryError(format!("clients[{i}]: {what}"));
-            if c.id.is_empty()
-                || c.id.len() > 64
-                || !c
-                    .id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-            {
-                return Err(at("`id` must be 1 to 64 characters of A-Z a-z 0-9 . _ -"));
-            }
-            if !seen.insert(c.id.clone()) {
-                return Err(at("duplicate `id`"));
-            }
-            let hashes = |list: Vec<String>, field: &str| {
-                list.iter()
-                    .map(|h| CredentialHash::parse(h))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| at(&format!("`{field}` entries must be sha256:<64 hex>")))
-            };
-            let allowed_sources = c
-                .allowed_sources
+        Ok(Self {
+            clients: parse_entries(json)?
                 .iter()
-                .map(|s| parse_net(s))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| at("`allowedSources` entries must be CIDRs or addresses"))?;
-            let rate = match &c.rate_limit {
-                None => None,
-                Some(s) => Rate::parse(s).map_err(|e| at(&format!("`rateLimit` {e}")))?,
-            };
-            if c.max_count == Some(0) {
-                return Err(at("`maxCount` must be at least 1"));
-            }
-            clients.push(Client {
-                api_keys: hashes(c.api_keys, "apiKeys")?,
-                bearer_tokens: hashes(c.bearer_tokens, "bearerTokens")?,
-                basic: hashes(c.basic, "basic")?,
-                id: c.id,
-                allowed_upstreams: c.allowed_upstreams.map(|u| u.into_iter().collect()),
-                allowed_sources,
-                rate,
-                max_count: c.max_count,
-            });
-        }
-        Ok(Self { clients })
+                .map(|e| e.check().map_err(RegistryError))
+                .collect::<Result<_, _>>()?,
+        })
     }
 
     /// The client owning `presented` of `kind`, in constant time over all
@@ -167,6 +226,27 @@ impl ClientRegistry {
     pub fn is_empty(&self) -> bool {
         self.clients.is_empty()
     }
+}
+
+/// The entries of a registry document, each checked, ids unique.
+pub fn parse_entries(json: &str) -> Result<Vec<ClientEntry>, RegistryError> {
+    let doc: Document = serde_json::from_str(json).map_err(|e| {
+        RegistryError(format!(
+            "not a valid registry document (line {}, column {}: {:?})",
+            e.line(),
+            e.column(),
+            e.classify()
+        ))
+    })?;
+    let mut seen = BTreeSet::new();
+    for (i, c) in doc.clients.iter().enumerate() {
+        c.check()
+            .map_err(|why| RegistryError(format!("clients[{i}]: {why}")))?;
+        if !seen.insert(c.id.as_str()) {
+            return Err(RegistryError(format!("clients[{i}]: duplicate `id`")));
+        }
+    }
+    Ok(doc.clients)
 }
 
 /// A CIDR (`10.0.0.0/8`) or a single address (`192.0.2.1`).

@@ -17,7 +17,9 @@ use proxy_pool::config::Config;
 use proxy_pool::distribution::{App, EXTRACT_PATH, handle};
 use proxy_pool::local::RedisServer;
 use proxy_pool::pool::{NewProxy, RedisPool, UpsertStatus};
-use proxy_pool::security::{AuthSchemes, Guard, PeerAddr, RegistryHandle};
+use proxy_pool::security::{
+    AuthSchemes, Directory, Guard, PeerAddr, RedisRegistry, RegistryHandle,
+};
 use serde_json::Value;
 
 pub use proxy_pool::clock::now_ms;
@@ -119,6 +121,20 @@ impl Harness {
         adjust: impl FnOnce(&mut Config),
         registry: RegistryHandle,
     ) -> Self {
+        Self::build(args, adjust, |_| registry.into()).await
+    }
+
+    /// Settings adjusted by `adjust`, clients read from the Redis registry
+    /// in the harness's own Redis (`PROXY_POOL_CLIENT_REGISTRY=redis`).
+    pub async fn with_redis_registry(adjust: impl FnOnce(&mut Config)) -> Self {
+        Self::build(&[], adjust, |pool| RedisRegistry::new(pool.clone()).into()).await
+    }
+
+    async fn build(
+        args: &[&str],
+        adjust: impl FnOnce(&mut Config),
+        registry: impl FnOnce(&RedisPool) -> Directory,
+    ) -> Self {
         let redis = RedisServer::start_with(args).await.expect(
             "redis-server must be installed for the tests (apt-get install -y redis-server)",
         );
@@ -130,7 +146,7 @@ impl Harness {
         };
         adjust(&mut config);
         let pool = RedisPool::new(&redis.url(), config.redis_timeout).unwrap();
-        let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
+        let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry(&pool));
         let app = Arc::new(App::new(config.settings(), pool.clone(), Arc::new(guard)));
         Self {
             redis,

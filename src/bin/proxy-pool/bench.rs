@@ -15,10 +15,11 @@
 //!    `POST /api/v1/proxies/extract` `{"count":K}` and the cell's filters
 //!    ([`FilterShape`]: none, one region, region + carrier, protocol +
 //!    upstream; the values rotate from request to request over the pool's
-//!    own), anonymous (`AuthSchemes` `none`), rate limits off, no
-//!    `Idempotency-Key` unless asked, the usage counters on (as with an
-//!    aggregates database) unless `--no-usage-counters`, and the access log
-//!    formatted as in Lambda (JSON) but discarded.
+//!    own), anonymous (`AuthSchemes` `none`; with `--registry-clients N`,
+//!    an API key of one of N clients in the Redis registry), rate limits
+//!    off, no `Idempotency-Key` unless asked, the usage counters on (as with
+//!    an aggregates database) unless `--no-usage-counters`, and the access
+//!    log formatted as in Lambda (JSON) but discarded.
 //!
 //! Extraction consumes the pool, so a cell runs in rounds: before each round
 //! the pool is topped up to its target size and a round takes at most half of
@@ -48,13 +49,21 @@ use proxy_pool::local::{LocalError, PoolShape, RedisServer, Relay, synthetic_pro
 use proxy_pool::pool::{
     NewProxy, PoolConnection, PoolError, RedisOptions, RedisPool, UpsertStatus, keys,
 };
-use proxy_pool::security::{AuthSchemes, Guard, PeerAddr, RegistryHandle, SourcePolicy};
+use proxy_pool::security::credentials::CredentialHash;
+use proxy_pool::security::{
+    AuthSchemes, Directory, Guard, PeerAddr, RedisRegistry, RegistryHandle, SourcePolicy,
+};
 
 use crate::CliResult;
 use crate::cli::BenchArgs;
 use redis::Script;
 use serde::Serialize;
 use tokio::task::JoinSet;
+
+/// The API key of the bench's registry client `i`.
+fn client_key(i: usize) -> String {
+    format!("pp_bench_client_{i:08}")
+}
 
 /// Protocols, in the order synthetic pools use them.
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
@@ -168,6 +177,9 @@ pub struct Plan {
     pub replica_acks: Vec<u32>,
     /// Count each extraction in the hourly usage counters.
     pub usage_counters: bool,
+    /// Clients in the Redis client registry; requests present their API
+    /// keys (0: anonymous callers, no registry).
+    pub registry_clients: usize,
 }
 
 impl Plan {
@@ -200,6 +212,7 @@ impl Plan {
             replica_lags_ms: vec![0.0],
             replica_acks: vec![0],
             usage_counters: true,
+            registry_clients: 0,
         }
     }
 
@@ -219,6 +232,7 @@ impl Plan {
             replica_lags_ms: vec![0.0],
             replica_acks: vec![0],
             usage_counters: true,
+            registry_clients: 0,
         }
     }
 }
@@ -250,6 +264,7 @@ pub async fn command(args: BenchArgs) -> CliResult {
     plan.max_requests = args.max_requests.unwrap_or(plan.max_requests);
     plan.baseline_seconds = args.baseline_seconds.unwrap_or(plan.baseline_seconds);
     plan.idempotency = args.idempotency;
+    plan.registry_clients = args.registry_clients;
     plan.replicas = args.replicas;
     if !args.replica_lag_ms.is_empty() {
         plan.replica_lags_ms = args.replica_lag_ms;
@@ -500,6 +515,7 @@ struct Bench {
     next_request: AtomicU64,
     progress: Progress,
     idempotency: bool,
+    registry_clients: usize,
     shape: std::sync::Mutex<PoolShape>,
 }
 
@@ -572,7 +588,8 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
     let config = Config {
         redis_url: Some(url.clone()),
         auth_schemes: AuthSchemes {
-            none: true,
+            none: plan.registry_clients == 0,
+            api_key: plan.registry_clients > 0,
             ..AuthSchemes::default()
         },
         client_rate: None,
@@ -596,12 +613,13 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
             replica_ack_timeout: config.replica_ack_timeout,
             ..config.redis_options()
         };
-        let guard = Guard::new(
-            config.auth_schemes,
-            SourcePolicy::default(),
-            RegistryHandle::default(),
-        );
         let pool = RedisPool::with_options(&url, &options)?;
+        let registry: Directory = if plan.registry_clients > 0 {
+            RedisRegistry::new(pool.clone()).into()
+        } else {
+            RegistryHandle::default().into()
+        };
+        let guard = Guard::new(config.auth_schemes, SourcePolicy::default(), registry);
         apps.push((
             acks,
             Arc::new(App::new(settings.clone(), pool, Arc::new(guard))),
@@ -626,6 +644,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         next_request: AtomicU64::new(0),
         progress,
         idempotency: plan.idempotency,
+        registry_clients: plan.registry_clients,
         shape: std::sync::Mutex::new(PoolShape::SMALL),
     };
     let mut fills = Vec::new();
@@ -666,6 +685,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
                 per_sec: n as f64 / seconds,
                 redis_bytes_per_proxy: used.map(|b| b / n as f64),
             });
+            bench.register_clients().await?;
             let total = plan.filters.len()
                 * plan.counts.len()
                 * plan.concurrency.len()
@@ -739,6 +759,32 @@ impl Bench {
     }
 
     /// Adds `n` fresh synthetic proxies, several upsert calls in flight.
+    /// Loads the registry's clients (after a fill: the fill flushes Redis).
+    async fn register_clients(&self) -> Result<(), BenchError> {
+        if self.registry_clients == 0 {
+            return Ok(());
+        }
+        let clients: Vec<serde_json::Value> = (0..self.registry_clients)
+            .map(|i| {
+                serde_json::json!({
+                    "id": format!("bench-{i}"),
+                    "apiKeys": [CredentialHash::of(client_key(i).as_bytes()).encode()],
+                })
+            })
+            .collect();
+        let started = Instant::now();
+        RedisRegistry::new(self.pool.clone())
+            .import(&serde_json::json!({ "clients": clients }).to_string())
+            .await
+            .map_err(|e| BenchError::Failed(e.to_string()))?;
+        self.progress.note(format!(
+            "registered {} clients in {:.1} s",
+            human(self.registry_clients),
+            started.elapsed().as_secs_f64()
+        ));
+        Ok(())
+    }
+
     async fn add(&self, n: usize, show: bool) -> Result<(), BenchError> {
         let first = self.next_seq.fetch_add(n as u64, Ordering::Relaxed);
         let now = proxy_pool::clock::now_ms();
@@ -940,6 +986,7 @@ impl Bench {
             let keys = self
                 .idempotency
                 .then(|| self.next_key.fetch_add(1, Ordering::Relaxed));
+            let clients = self.registry_clients;
             tasks.spawn(async move {
                 let mut round = Round::default();
                 let peer = PeerAddr(([127, 0, 0, 1], 40_000 + task as u16).into());
@@ -953,6 +1000,10 @@ impl Bench {
                         Request::post(EXTRACT_PATH).header("content-type", "application/json");
                     if let Some(base) = keys {
                         request = request.header("idempotency-key", format!("bench-{base:x}-{i}"));
+                    }
+                    if clients > 0 {
+                        let client = (task * 7919 + i as usize) % clients;
+                        request = request.header("x-api-key", client_key(client));
                     }
                     let body = filter.body(count, first + i, shape);
                     i += 1;
@@ -1173,7 +1224,7 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "proxy-pool bench: redis {} on {} CPUs, {}, {}, rate limits off, anonymous",
+            "proxy-pool bench: redis {} on {} CPUs, {}, {}, rate limits off, {}",
             self.redis_version,
             self.cpus,
             if self.plan.idempotency {
@@ -1185,6 +1236,14 @@ impl Report {
                 "usage counters on"
             } else {
                 "usage counters off"
+            },
+            if self.plan.registry_clients == 0 {
+                "anonymous".to_owned()
+            } else {
+                format!(
+                    "API keys of {} clients in the Redis registry",
+                    human(self.plan.registry_clients)
+                )
             }
         );
         for f in &self.fills {

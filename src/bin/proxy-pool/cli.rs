@@ -45,6 +45,10 @@ pub enum Command {
     /// Print the registry entry (`sha256:...`) for an API key, bearer token
     /// or Basic password read from standard input, or for a new one.
     HashCredential(HashCredentialArgs),
+    /// Manage the Redis client registry (PROXY_POOL_CLIENT_REGISTRY=redis):
+    /// add, rotate, revoke, list, import.
+    #[command(subcommand)]
+    Clients(ClientsCommand),
     /// Add or refresh proxies from JSON Lines (one proxy a line; `-` = stdin).
     Load(LoadArgs),
     /// Add (or refresh) the demo pool `serve` starts with: synthetic proxies on
@@ -120,6 +124,79 @@ pub struct UsageArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `clients ...`.
+#[derive(Subcommand)]
+pub enum ClientsCommand {
+    /// Register a client with a new API key (printed once; only its digest is stored).
+    Add(ClientAddArgs),
+    /// Give a client a new API key (printed once); its other API keys stop
+    /// working at once unless --keep-old.
+    Rotate(ClientRotateArgs),
+    /// Remove a client and every credential it holds, at once.
+    Revoke(ClientIdArgs),
+    /// Print every client (digests counted, never shown; --json: a registry document).
+    List(ClientListArgs),
+    /// Add or replace every client of a registry document (FILE or `-` for stdin).
+    Import(ClientImportArgs),
+}
+
+/// `clients add`.
+#[derive(Args)]
+pub struct ClientAddArgs {
+    #[command(flatten)]
+    pub target: ClientIdArgs,
+    /// Upstreams it may use, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub upstreams: Option<Vec<String>>,
+    /// Source CIDRs it may call from, comma-separated (default: any).
+    #[arg(long, value_delimiter = ',')]
+    pub sources: Vec<String>,
+    /// Its rate limit, RATE[:BURST] or `off` (default: PROXY_POOL_CLIENT_RATE).
+    #[arg(long)]
+    pub rate: Option<String>,
+    /// Its cap on `count`.
+    #[arg(long)]
+    pub max_count: Option<u32>,
+}
+
+/// `clients rotate`.
+#[derive(Args)]
+pub struct ClientRotateArgs {
+    #[command(flatten)]
+    pub target: ClientIdArgs,
+    /// Keep its current API keys too (retire them later with another rotate).
+    #[arg(long)]
+    pub keep_old: bool,
+}
+
+/// The registry and the client a command is about.
+#[derive(Args)]
+pub struct ClientIdArgs {
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// The client id.
+    pub id: String,
+}
+
+/// `clients list`.
+#[derive(Args)]
+pub struct ClientListArgs {
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// Print the registry document (JSON) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `clients import`.
+#[derive(Args)]
+pub struct ClientImportArgs {
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// The registry document (`-`: standard input).
+    pub file: PathBuf,
 }
 
 /// `serve`.
@@ -309,6 +386,11 @@ pub struct BenchArgs {
     /// default, as in a deployment with an aggregates database).
     #[arg(long)]
     pub no_usage_counters: bool,
+    /// Clients in the Redis client registry (PROXY_POOL_CLIENT_REGISTRY=redis),
+    /// loaded after each fill; every request presents one of their API keys,
+    /// so identity includes the lookup (default 0: anonymous callers).
+    #[arg(long, default_value_t = 0)]
+    pub registry_clients: usize,
     /// A smoke run: N=1k, 18 combinations, no filters, counts 1,10, C 1,8,
     /// a few hundred requests per cell.
     #[arg(long)]

@@ -3,12 +3,14 @@
 //! One file per command group: [`cli`] (every command and its arguments),
 //! [`serve`], [`load`] (`load`, `load-demo`), [`stats`] (`stats`, `prune`),
 //! [`contract`] (`health`, `claim`, `drain`, `ack`, `release`, `remove`),
-//! [`credentials`] (`hash-credential`), [`aggregates`] (`aggregates flush`,
+//! [`credentials`] (`hash-credential`), [`clients`] (`clients
+//! add|rotate|revoke|list|import`), [`aggregates`] (`aggregates flush`,
 //! `usage`) and [`bench`].
 
 mod aggregates;
 mod bench;
 mod cli;
+mod clients;
 mod contract;
 mod credentials;
 mod load;
@@ -45,6 +47,7 @@ async fn main() -> ExitCode {
         Command::Release(args) => contract::release(args).await,
         Command::Remove(args) => contract::remove(args).await,
         Command::HashCredential(args) => credentials::hash(args),
+        Command::Clients(command) => clients::run(command).await,
         Command::Load(args) => load::load(args).await,
         Command::LoadDemo(args) => load::load_demo(args).await,
         Command::Aggregates(cli::AggregatesCommand::Flush(args)) => aggregates::flush(args).await,

@@ -65,13 +65,14 @@ pub async fn run(args: ServeArgs) -> CliResult {
         if config.auth_schemes.need_registry()
             && local.file.is_none()
             && config.clients_secret_id.is_none()
+            && !config.clients_in_redis
         {
             let (key, registry) = demo_registry()?;
             demo_key = Some(key);
             local.fixed = Some(registry);
         }
     }
-    let registry = startup::client_registry(&config, store, local).await?;
+    let registry = startup::client_registry(&config, store, local, &pool).await?;
     let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
     let app = Arc::new(App::new(config.settings(), pool, Arc::new(guard)));
     let listener = tokio::net::TcpListener::bind(args.listen).await?;

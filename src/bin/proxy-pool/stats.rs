@@ -74,7 +74,7 @@ pub async fn prune(args: PoolArgs) -> CliResult {
 
 /// Prints `rows` under `header` in aligned columns: the first four
 /// left-aligned, the rest (numbers) right-aligned.
-fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
+pub fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
     let header = header.map(String::from);
     let mut widths = header.clone().map(|h| h.len());
     for row in rows {
