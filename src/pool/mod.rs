@@ -38,6 +38,5 @@ pub use query::{
 };
 pub use redis_pool::{Admission, Limit, LimitState, RedisPool};
 pub use usage::{
-    CLOSE_GRACE_S, CallCounter, HOUR_S, HourUsage, ProxyCounter, UsageBacklog, UsageOutcome,
-    UsageScope, hour_of,
+    CallCounter, HourUsage, ProxyCounter, UsageBacklog, UsageOutcome, UsageScope, hour_of,
 };
