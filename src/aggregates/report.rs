@@ -1,8 +1,6 @@
 //! Reading the aggregates back (`proxy-pool usage`): sums over a time
 //! range, grouped by the dimensions asked for.
 
-use std::fmt;
-
 use super::error::AggregatesError;
 use super::{Aggregates, flush};
 
@@ -71,12 +69,6 @@ impl Dimension {
     /// Whether it describes proxies (`usage_proxies`) rather than calls.
     fn of_proxies(self) -> bool {
         matches!(self, Self::Upstream | Self::Protocol | Self::Region)
-    }
-}
-
-impl fmt::Display for Dimension {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

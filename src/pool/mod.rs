@@ -43,6 +43,5 @@ pub use redis_pool::{
     Admission, CREDENTIAL_REREAD_EVERY, CredentialSource, Limit, LimitState, RedisPool,
 };
 pub use usage::{
-    CLOSE_GRACE_S, CallCounter, HOUR_S, HourUsage, ProxyCounter, UsageBacklog, UsageOutcome,
-    UsageScope, hour_of,
+    CallCounter, HourUsage, ProxyCounter, UsageBacklog, UsageOutcome, UsageScope, hour_of,
 };

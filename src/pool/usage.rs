@@ -22,14 +22,14 @@ use super::redis_pool::RedisPool;
 use super::scripts;
 
 /// Seconds in an hour: the counters' granularity.
-pub const HOUR_S: i64 = 3600;
+pub(crate) const HOUR_S: i64 = 3600;
 /// How far the caller's clock may be from the Redis clock for a call to be
 /// counted: the call declares the hashes of the hours its own time minus
 /// and plus this falls in, and the script takes the one its `TIME` is in.
 const CLOCK_SLACK_S: i64 = 600;
 /// An hour is closed (never counted into again) this long after it ends:
 /// a margin for a Redis clock that steps back, e.g. after a failover.
-pub const CLOSE_GRACE_S: i64 = 120;
+pub(crate) const CLOSE_GRACE_S: i64 = 120;
 /// Fields read per `HSCAN` call.
 const SCAN_PAGE: usize = 1000;
 
