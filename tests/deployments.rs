@@ -326,25 +326,11 @@ async fn replica_acknowledgement_before_answering() {
                     // synced can take a moment before its first ACK, and
                     // until then a WAIT (rightly) times out.
                     "up" => {
-                        // WAIT counts acknowledgements of this connection's
-                        // own writes: write something first.
-                        let mut probe = connect(&primary).await;
-                        let _: Result<(), _> = redis::cmd("SET")
-                            .arg("replication-probe")
-                            .arg(1)
-                            .arg("PX")
-                            .arg(1000)
-                            .query_async(&mut probe)
-                            .await;
-                        let acks: i64 = redis::cmd("WAIT")
-                            .arg(1)
-                            .arg(100)
-                            .query_async(&mut probe)
-                            .await
-                            .unwrap_or(0);
+                        let acked =
+                            common::replicas_acknowledge(&primary, "replication-probe", 1).await;
                         p.contains("connected_slaves:1")
                             && r.contains("master_link_status:up")
-                            && acks >= 1
+                            && acked
                     }
                     _ => p.contains("connected_slaves:0"),
                 }
@@ -602,23 +588,7 @@ async fn an_acknowledgement_is_never_taken_from_another_socket() {
     );
     until("the replica acknowledges", || {
         let url = owner.url();
-        async move {
-            let mut probe = connect(&url).await;
-            let _: Result<(), _> = redis::cmd("SET")
-                .arg("{pp}:probe")
-                .arg(1)
-                .arg("PX")
-                .arg(1000)
-                .query_async(&mut probe)
-                .await;
-            let acks: i64 = redis::cmd("WAIT")
-                .arg(1)
-                .arg(100)
-                .query_async(&mut probe)
-                .await
-                .unwrap_or(0);
-            acks >= 1
-        }
+        async move { common::replicas_acknowledge(&url, "{pp}:probe", 1).await }
     })
     .await;
 

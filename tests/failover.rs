@@ -64,25 +64,6 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: imp
     }
 }
 
-/// `n` replicas of `primary` acknowledge a write made now.
-async fn acknowledged_by(primary: u16, n: i64) -> bool {
-    let mut conn = connect(primary).await;
-    let _: Result<(), _> = redis::cmd("SET")
-        .arg("replication-probe")
-        .arg(1)
-        .arg("PX")
-        .arg(1000)
-        .query_async(&mut conn)
-        .await;
-    let acks: i64 = redis::cmd("WAIT")
-        .arg(n)
-        .arg(200)
-        .query_async(&mut conn)
-        .await
-        .unwrap_or(0);
-    acks >= n
-}
-
 /// Every 200: the request (its key) and the proxies it got.
 #[derive(Default)]
 struct Ledger {
@@ -155,8 +136,9 @@ async fn drill(acks: u32) -> (usize, usize) {
         replicas.push((replica, lag));
     }
     let primary_port = primary.port();
+    let primary_url = primary.url();
     until("both replicas acknowledge", || {
-        acknowledged_by(primary_port, 2)
+        common::replicas_acknowledge(&primary_url, "replication-probe", 2)
     })
     .await;
 

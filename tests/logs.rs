@@ -4,9 +4,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use base64::Engine;
 use common::{Harness, proxies};
 use proxy_pool::security::credentials::CredentialHash;
@@ -16,24 +13,11 @@ const KEY: &str = "pp_log_test_api_key_1";
 const TOKEN: &str = "tok.log-test-bearer-1";
 const BASIC_PW: &str = "log-test-basic-pw";
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// One run through every outcome, logs captured at the most verbose level
 /// in the Lambda (JSON) format, searched for secrets.
 #[tokio::test]
 async fn logs_carry_no_secrets() {
-    let captured = Captured::default();
+    let captured = common::Captured::default();
     let sink = captured.clone();
     tracing_subscriber::fmt()
         .json()

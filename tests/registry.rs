@@ -6,9 +6,8 @@
 
 mod common;
 
-use std::io::Write;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use common::{Harness, proxies};
@@ -217,24 +216,11 @@ async fn hundred_thousand_clients() {
     assert_eq!(reg.list().await.unwrap().len(), 100_000);
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Requests resolved through the Redis registry (admitted, unknown,
 /// revoked) log no credential and no digest, at the most verbose level.
 #[tokio::test]
 async fn registry_logs_carry_no_credential() {
-    let captured = Captured::default();
+    let captured = common::Captured::default();
     let sink = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .json()

@@ -643,3 +643,43 @@ pub async fn close_hours(h: &Harness, back: i64) -> Vec<i64> {
     assert!(!moved.is_empty(), "nothing was counted");
     moved
 }
+
+/// A log sink for `tracing_subscriber` that keeps everything written, so a
+/// test can search the logs.
+#[derive(Clone, Default)]
+pub struct Captured(pub Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Whether `n` replicas of the Redis at `url` acknowledge a write made
+/// now: `SET key` (`WAIT` counts this connection's own writes), then
+/// `WAIT n 100`.
+pub async fn replicas_acknowledge(url: &str, key: &str, n: i64) -> bool {
+    let mut probe = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: Result<(), _> = redis::cmd("SET")
+        .arg(key)
+        .arg(1)
+        .arg("PX")
+        .arg(1000)
+        .query_async(&mut probe)
+        .await;
+    let acks: i64 = redis::cmd("WAIT")
+        .arg(n)
+        .arg(100)
+        .query_async(&mut probe)
+        .await
+        .unwrap_or(0);
+    acks >= n
+}
