@@ -75,6 +75,54 @@ async fn quick_bench_reports_every_cell() {
     assert_eq!(shapes.len(), 4, "{shapes:?}");
 }
 
+/// `--http` drives `serve`'s HTTP server over loopback, here with a replica
+/// 2 ms behind and the acknowledged handler next to the plain one: every
+/// request of both cells comes back 200 with its proxies.
+#[tokio::test]
+async fn http_bench_with_a_replica_answers_every_request() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--quick",
+            "--json",
+            "--http",
+            "--counts",
+            "1",
+            "--concurrency",
+            "4",
+            "--replicas",
+            "1",
+            "--replica-lag-ms",
+            "2",
+            "--replica-acks",
+            "0,1",
+            "--max-requests",
+            "40",
+            "--seconds",
+            "0.2",
+            "--baseline-seconds",
+            "0.1",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(report["plan"]["http"], true);
+    let cells = report["cells"].as_array().unwrap();
+    let acks: Vec<u64> = cells
+        .iter()
+        .map(|c| c["replicaAcks"].as_u64().unwrap())
+        .collect();
+    assert_eq!(acks, [0, 1]);
+    for cell in cells {
+        assert!(cell["requests"].as_u64().unwrap() > 0, "{cell}");
+        assert_eq!(cell["failed"], 0, "{cell}");
+        assert_eq!(cell["proxies"], cell["requests"], "{cell}");
+    }
+}
+
 /// An existing Redis is flushed only with explicit consent.
 #[tokio::test]
 async fn bench_refuses_to_flush_without_consent() {

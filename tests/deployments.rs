@@ -559,14 +559,12 @@ async fn cluster_node() -> RedisServer {
 }
 
 /// With replica acks in cluster mode, the `WAIT` that confirms an
-/// extraction follows it on the socket that carried it. The relay the
-/// `{pp}` master announces closes the connection right after the
-/// extraction's reply, while the master's replica sleeps (`DEBUG SLEEP`,
-/// so it holds nothing new): the answer is 503, never a 200 confirmed by a
-/// `WAIT` on a new socket (which has no writes, so it would count the
-/// sleeping replica at once).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acknowledgement_is_never_taken_from_another_socket() {
+/// extraction must be answered on the socket that carried it. The `{pp}`
+/// master announces a relay; its replica sleeps (`DEBUG SLEEP`, so it holds
+/// nothing new); `fault` breaks the connection around the extraction. The
+/// answer must be 503, never a 200 confirmed by a `WAIT` on a new socket
+/// (which has no writes, so it would count the sleeping replica at once).
+async fn acknowledgement_drill(fault: impl FnOnce(&Relay)) {
     let nodes = start_cluster().await;
     let owner_port = slot_owner_port(&mut connect(&nodes[0].url()).await).await;
     let owner = nodes.iter().find(|n| n.port() == owner_port).unwrap();
@@ -662,7 +660,7 @@ async fn an_acknowledgement_is_never_taken_from_another_socket() {
     })
     .await;
 
-    relay.close_after_reply_to(b"EVALSHA");
+    fault(&relay);
     let r = extract_as(
         &app,
         r#"{"count":2}"#,
@@ -677,4 +675,94 @@ async fn an_acknowledgement_is_never_taken_from_another_socket() {
         r.body
     );
     sleeper.await.unwrap();
+}
+
+/// Cluster mode: the connection closes right after the extraction's reply,
+/// so its `WAIT` finds the socket dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_acknowledgement_needs_the_extractions_socket() {
+    acknowledgement_drill(|relay| relay.close_after_reply_to(b"EVALSHA")).await;
+}
+
+/// Cluster mode: the `WAIT` reaches the master but its connection drops
+/// before the answer. Sending that `WAIT` again on a new connection would
+/// get the sleeping replica counted at once, and a 200 for a write no
+/// replica holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_wait_cut_short_is_not_sent_again() {
+    acknowledgement_drill(|relay| relay.lose_reply_to(b"WAIT")).await;
+}
+
+/// A reconnect between an extraction and its `WAIT` must never confirm it
+/// (the shared-connection design before the lanes failed this within a
+/// few rounds). The replica is linked
+/// and online, but a relay holds everything the primary sends it, so no
+/// true acknowledgement can come and every answer must be 503. Each round,
+/// 16 extractions run at once and the service's connection closes right
+/// after one of their replies: the requests still in flight fail, and the
+/// client reconnects while the answered ones are about to send their
+/// `WAIT`. A `WAIT` sent on the new socket has no writes to wait for, so
+/// it would count the held replica at once and the answer would be 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_between_an_extraction_and_its_wait_confirms_nothing() {
+    const ROUNDS: usize = 40;
+    const CONCURRENT: usize = 16;
+    let primary = RedisServer::start()
+        .await
+        .expect("redis-server must be installed");
+    let feed = Relay::start(([127, 0, 0, 1], primary.port()).into())
+        .await
+        .unwrap();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &feed.port().to_string()])
+        .await
+        .expect("redis-server must be installed");
+    until("the replica acknowledges", || {
+        let url = primary.url();
+        async move { common::replicas_acknowledge(&url, "probe", 1).await }
+    })
+    .await;
+    feed.set_delay(Duration::from_secs(3600));
+
+    let service = Relay::start(([127, 0, 0, 1], primary.port()).into())
+        .await
+        .unwrap();
+    let mut config = test_config();
+    config.redis_timeout = Duration::from_millis(1000);
+    config.replica_acks = 1;
+    config.replica_ack_timeout = Duration::from_millis(50);
+    let url = format!("redis://127.0.0.1:{}/", service.port());
+    let pool = RedisPool::with_options(&url, &config.redis_options()).unwrap();
+    let app = app_over(&config, pool.clone());
+    pool.upsert(&proxies("race", ROUNDS * CONCURRENT))
+        .await
+        .unwrap();
+    let mut answered = 0;
+    for round in 0..ROUNDS {
+        service.close_after_reply_to(b"EVALSHA");
+        let requests: Vec<_> = (0..CONCURRENT)
+            .map(|i| {
+                let app = std::sync::Arc::clone(&app);
+                tokio::spawn(async move {
+                    let key = format!("race-{round:03}-{i:02}");
+                    extract_as(
+                        &app,
+                        r#"{"count":1}"#,
+                        &[("idempotency-key", &key)],
+                        "127.0.0.1:1",
+                    )
+                    .await
+                })
+            })
+            .collect();
+        for request in requests {
+            let r = request.await.unwrap();
+            assert_ne!(
+                r.status, 200,
+                "round {round}: a 200 confirmed by a WAIT that covered none of its writes"
+            );
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, ROUNDS * CONCURRENT);
+    drop(replica);
 }

@@ -19,7 +19,9 @@
 //!    an API key of one of N clients in the Redis registry), rate limits
 //!    off, no `Idempotency-Key` unless asked, the usage counters on (as with
 //!    an aggregates database) unless `--no-usage-counters`, and the access
-//!    log formatted as in Lambda (JSON) but discarded.
+//!    log formatted as in Lambda (JSON) but discarded. With `--http` the
+//!    requests go over HTTP/1.1 through the server `proxy-pool serve` runs
+//!    (loopback, one keep-alive connection per task).
 //!
 //! Extraction consumes the pool, so a cell runs in rounds: before each round
 //! the pool is topped up to its target size and a round takes at most half of
@@ -36,10 +38,15 @@
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lambda_http::Body;
 use lambda_http::http::{Request, StatusCode};
@@ -53,6 +60,7 @@ use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{
     AuthSchemes, Directory, Guard, PeerAddr, RedisRegistry, RegistryHandle, SourcePolicy,
 };
+use proxy_pool::server;
 
 use crate::CliResult;
 use crate::cli::BenchArgs;
@@ -180,6 +188,8 @@ pub struct Plan {
     /// Clients in the Redis client registry; requests present their API
     /// keys (0: anonymous callers, no registry).
     pub registry_clients: usize,
+    /// Requests over HTTP through `serve`'s server, not in process.
+    pub http: bool,
 }
 
 impl Plan {
@@ -213,6 +223,7 @@ impl Plan {
             replica_acks: vec![0],
             usage_counters: true,
             registry_clients: 0,
+            http: false,
         }
     }
 
@@ -227,12 +238,7 @@ impl Plan {
             seconds: 0.3,
             max_requests: 300,
             baseline_seconds: 0.2,
-            idempotency: false,
-            replicas: 0,
-            replica_lags_ms: vec![0.0],
-            replica_acks: vec![0],
-            usage_counters: true,
-            registry_clients: 0,
+            ..Self::full()
         }
     }
 }
@@ -265,6 +271,7 @@ pub async fn command(args: BenchArgs) -> CliResult {
     plan.baseline_seconds = args.baseline_seconds.unwrap_or(plan.baseline_seconds);
     plan.idempotency = args.idempotency;
     plan.registry_clients = args.registry_clients;
+    plan.http = args.http;
     plan.replicas = args.replicas;
     if !args.replica_lag_ms.is_empty() {
         plan.replica_lags_ms = args.replica_lag_ms;
@@ -503,7 +510,9 @@ impl Progress {
 /// Everything a run shares.
 struct Bench {
     /// Handlers, one per `replica_acks` value of the plan.
-    apps: Vec<(u32, Arc<App>)>,
+    fronts: Vec<Front>,
+    /// The HTTP servers of `--http` (stopped when the bench ends).
+    servers: JoinSet<std::io::Result<()>>,
     /// The replicas' relays (their delay is the replication lag).
     relays: Vec<Relay>,
     variant: std::sync::Mutex<Variant>,
@@ -525,6 +534,71 @@ struct Variant {
     lag_ms: f64,
     acks: u32,
     app: usize,
+}
+
+/// Where requests go: one handler per `replica_acks` value of the plan.
+#[derive(Clone)]
+enum Front {
+    /// Called in process, as the Lambda runtime calls it.
+    InProcess(Arc<App>),
+    /// `serve`'s HTTP/1.1 server on this loopback address.
+    Http(SocketAddr),
+}
+
+/// One task's way to the handler.
+enum Caller {
+    InProcess(Arc<App>, PeerAddr),
+    /// One keep-alive connection.
+    Http(SendRequest<Full<Bytes>>),
+}
+
+impl Caller {
+    async fn connect(front: Front, peer: PeerAddr) -> Option<Self> {
+        match front {
+            Front::InProcess(app) => Some(Self::InProcess(app, peer)),
+            Front::Http(addr) => {
+                let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+                stream.set_nodelay(true).ok()?;
+                let (sender, conn) = http1::handshake(TokioIo::new(stream)).await.ok()?;
+                tokio::spawn(conn);
+                Some(Self::Http(sender))
+            }
+        }
+    }
+
+    /// Sends one request; its status and body, `None` if it failed on
+    /// the way.
+    async fn call(
+        &mut self,
+        request: lambda_http::http::request::Builder,
+        body: String,
+    ) -> Option<(StatusCode, String)> {
+        match self {
+            Self::InProcess(app, peer) => {
+                let mut request = request.body(Body::from(body)).ok()?;
+                request.extensions_mut().insert(*peer);
+                let response = distribution::handle(app, request).await;
+                let status = response.status();
+                let text = match response.into_body() {
+                    Body::Text(s) => s,
+                    Body::Binary(b) => String::from_utf8(b).ok()?,
+                    _ => String::new(),
+                };
+                Some((status, text))
+            }
+            Self::Http(sender) => {
+                let request = request
+                    .header("host", "127.0.0.1")
+                    .body(Full::new(Bytes::from(body)))
+                    .ok()?;
+                sender.ready().await.ok()?;
+                let response = sender.send_request(request).await.ok()?;
+                let status = response.status();
+                let bytes = response.into_body().collect().await.ok()?.to_bytes();
+                Some((status, String::from_utf8(bytes.to_vec()).ok()?))
+            }
+        }
+    }
 }
 
 /// Starts `n` replicas of `primary`, each behind a relay (the replication
@@ -606,7 +680,8 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         // As with an aggregates database configured (the bench flushes nothing).
         settings.policy.usage_retention = Some(config.aggregates_retention);
     }
-    let mut apps = Vec::new();
+    let mut fronts = Vec::new();
+    let mut servers = JoinSet::new();
     for &acks in &plan.replica_acks {
         let options = RedisOptions {
             replica_acks: acks,
@@ -620,10 +695,19 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
             RegistryHandle::default().into()
         };
         let guard = Guard::new(config.auth_schemes, SourcePolicy::default(), registry);
-        apps.push((
-            acks,
-            Arc::new(App::new(settings.clone(), pool, Arc::new(guard))),
-        ));
+        let app = Arc::new(App::new(settings.clone(), pool, Arc::new(guard)));
+        fronts.push(if plan.http {
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .map_err(|e| BenchError::Failed(format!("listener: {e}")))?;
+            let addr = listener
+                .local_addr()
+                .map_err(|e| BenchError::Failed(format!("listener: {e}")))?;
+            servers.spawn(server::serve(listener, app, std::future::pending()));
+            Front::Http(addr)
+        } else {
+            Front::InProcess(app)
+        });
     }
     let (replica_servers, relays): (Vec<_>, Vec<_>) = replicas.into_iter().unzip();
     let mut conn = pool.connection();
@@ -633,7 +717,8 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         .await?;
     let redis_version = info_field(&info, "redis_version").unwrap_or_default();
     let bench = Bench {
-        apps,
+        fronts,
+        servers,
         relays,
         variant: std::sync::Mutex::new(Variant::default()),
         conn,
@@ -717,6 +802,8 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         .arg("ASYNC")
         .query_async::<()>(&mut bench.conn.clone())
         .await?;
+    let mut bench = bench;
+    bench.servers.shutdown().await;
     drop(bench);
     drop(replica_servers);
     drop(private);
@@ -872,8 +959,8 @@ impl Bench {
         *self.variant.lock().unwrap_or_else(PoisonError::into_inner) = variant;
     }
 
-    fn app(&self) -> Arc<App> {
-        Arc::clone(&self.apps[self.variant().app].1)
+    fn front(&self) -> Front {
+        self.fronts[self.variant().app].clone()
     }
 
     async fn cell(
@@ -978,9 +1065,9 @@ impl Bench {
         let deadline = Instant::now() + limit;
         let shape = self.shape();
         let mut tasks = JoinSet::new();
-        let app = self.app();
+        let front = self.front();
         for task in 0..c {
-            let app = app.clone();
+            let front = front.clone();
             let remaining = remaining.clone();
             let first = self.next_request.fetch_add(1 << 32, Ordering::Relaxed);
             let keys = self
@@ -990,6 +1077,10 @@ impl Bench {
             tasks.spawn(async move {
                 let mut round = Round::default();
                 let peer = PeerAddr(([127, 0, 0, 1], 40_000 + task as u16).into());
+                let Some(mut caller) = Caller::connect(front, peer).await else {
+                    round.failed += 1;
+                    return round;
+                };
                 let mut i = 0u64;
                 while remaining
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1))
@@ -1007,25 +1098,16 @@ impl Bench {
                     }
                     let body = filter.body(count, first + i, shape);
                     i += 1;
-                    let Ok(mut request) = request.body(Body::from(body)) else {
-                        round.failed += 1;
-                        continue;
-                    };
-                    request.extensions_mut().insert(peer);
                     let started = Instant::now();
-                    let response = distribution::handle(&app, request).await;
+                    let answer = caller.call(request, body).await;
                     round
                         .latencies_us
                         .push(started.elapsed().as_micros() as u64);
-                    if response.status() != StatusCode::OK {
+                    let Some((StatusCode::OK, text)) = answer else {
                         round.failed += 1;
                         continue;
-                    }
-                    let returned = match response.body() {
-                        Body::Text(s) => returned(s),
-                        _ => None,
-                    }
-                    .unwrap_or(0);
+                    };
+                    let returned = returned(&text).unwrap_or(0);
                     round.proxies += returned;
                     if returned < u64::from(count) {
                         round.short += 1;
@@ -1224,9 +1306,14 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "proxy-pool bench: redis {} on {} CPUs, {}, {}, rate limits off, {}",
+            "proxy-pool bench: redis {} on {} CPUs, {}, {}, {}, rate limits off, {}",
             self.redis_version,
             self.cpus,
+            if self.plan.http {
+                "over HTTP through serve's server"
+            } else {
+                "handler in process"
+            },
             if self.plan.idempotency {
                 "with Idempotency-Key"
             } else {
@@ -1280,7 +1367,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "srv us/call = Redis usec_per_call of the extraction script; triv srv us = the same of the trivial script; cli us/req = bench CPU per request (handler + redis-rs + tokio).\ncomb = protocol x region x carrier x upstream combinations in the pool; filter values rotate over the pool's own regions, carriers, protocols and upstreams."
+            "srv us/call = Redis usec_per_call of the extraction script; triv srv us = the same of the trivial script; cli us/req = bench CPU per request (handler + redis-rs + tokio, and with HTTP its server and client).\ncomb = protocol x region x carrier x upstream combinations in the pool; filter values rotate over the pool's own regions, carriers, protocols and upstreams."
         );
         if self.cells.iter().any(|c| c.pool_at_round_start > c.pool) {
             let _ = writeln!(

@@ -391,6 +391,11 @@ pub struct BenchArgs {
     /// so identity includes the lookup (default 0: anonymous callers).
     #[arg(long, default_value_t = 0)]
     pub registry_clients: usize,
+    /// Send every request over HTTP/1.1 through the server `proxy-pool
+    /// serve` runs (on loopback, one keep-alive connection per task)
+    /// instead of calling the handler in process.
+    #[arg(long)]
+    pub http: bool,
     /// A smoke run: N=1k, 18 combinations, no filters, counts 1,10, C 1,8,
     /// a few hundred requests per cell.
     #[arg(long)]
