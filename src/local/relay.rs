@@ -222,6 +222,29 @@ async fn write_when_due(
     }
 }
 
+/// Whether `n` replicas of the Redis at `url` acknowledge a write made now:
+/// `SET key` expiring in a second (`WAIT` counts only its own connection's
+/// writes), then `WAIT n 100`. A replica that has just synced can take a
+/// moment before its first acknowledgement; poll this until it holds.
+pub async fn replicas_acknowledge(url: &str, key: &str, n: usize) -> redis::RedisResult<bool> {
+    let mut probe = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    redis::cmd("SET")
+        .arg(key)
+        .arg(1)
+        .arg("PX")
+        .arg(1000)
+        .query_async::<()>(&mut probe)
+        .await?;
+    let acks: usize = redis::cmd("WAIT")
+        .arg(n)
+        .arg(100)
+        .query_async(&mut probe)
+        .await?;
+    Ok(acks >= n)
+}
+
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }

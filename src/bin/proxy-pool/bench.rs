@@ -52,7 +52,9 @@ use lambda_http::Body;
 use lambda_http::http::{Request, StatusCode};
 use proxy_pool::config::Config;
 use proxy_pool::distribution::{self, App, EXTRACT_PATH};
-use proxy_pool::local::{LocalError, PoolShape, RedisServer, Relay, synthetic_proxy};
+use proxy_pool::local::{
+    LocalError, PoolShape, RedisServer, Relay, replicas_acknowledge, synthetic_proxy,
+};
 use proxy_pool::pool::{
     NewProxy, PoolConnection, PoolError, RedisOptions, RedisPool, UpsertStatus, keys,
 };
@@ -616,23 +618,9 @@ async fn start_replicas(
         let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await?;
         replicas.push((replica, relay));
     }
-    let client = redis::Client::open(primary.url())?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
     let started = Instant::now();
     loop {
-        redis::cmd("SET")
-            .arg("bench-replication-probe")
-            .arg(1)
-            .arg("PX")
-            .arg(1000)
-            .query_async::<()>(&mut conn)
-            .await?;
-        let acked: usize = redis::cmd("WAIT")
-            .arg(n)
-            .arg(200)
-            .query_async(&mut conn)
-            .await?;
-        if acked >= n {
+        if replicas_acknowledge(&primary.url(), "bench-replication-probe", n).await? {
             return Ok(replicas);
         }
         if started.elapsed() > Duration::from_secs(30) {
