@@ -8,39 +8,44 @@ use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_proxy-pool");
 
-/// A quick run fills a pool, drives the handler and the trivial-EVALSHA
-/// baseline, and reports every cell with full extractions and no failures;
-/// pool and filter shapes are cells of their own.
-#[tokio::test]
-async fn quick_bench_reports_every_cell() {
+/// Runs `proxy-pool bench --quick --json` with `args`; it must succeed, and
+/// its report is returned.
+async fn bench_report(args: &[&str]) -> Value {
     let out = Command::new(BIN)
-        .args([
-            "bench",
-            "--quick",
-            "--json",
-            "--sizes",
-            "1k",
-            "--counts",
-            "1,10",
-            "--concurrency",
-            "1,4",
-            "--combinations",
-            "18,54",
-            "--filters",
-            "none,region-carrier",
-            "--max-requests",
-            "60",
-            "--seconds",
-            "0.2",
-            "--baseline-seconds",
-            "0.1",
-        ])
+        .args(["bench", "--quick", "--json"])
+        .args(args)
         .output()
         .await
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    serde_json::from_slice(&out.stdout).expect("a JSON report")
+}
+
+/// A quick run fills a pool, drives the handler and the trivial-EVALSHA
+/// baseline, and reports every cell with full extractions and no failures;
+/// pool and filter shapes are cells of their own.
+#[tokio::test]
+async fn quick_bench_reports_every_cell() {
+    let report = bench_report(&[
+        "--sizes",
+        "1k",
+        "--counts",
+        "1,10",
+        "--concurrency",
+        "1,4",
+        "--combinations",
+        "18,54",
+        "--filters",
+        "none,region-carrier",
+        "--max-requests",
+        "60",
+        "--seconds",
+        "0.2",
+        "--baseline-seconds",
+        "0.1",
+    ])
+    .await;
     let cells = report["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 16);
     for cell in cells {
@@ -80,35 +85,26 @@ async fn quick_bench_reports_every_cell() {
 /// request of both cells comes back 200 with its proxies.
 #[tokio::test]
 async fn http_bench_with_a_replica_answers_every_request() {
-    let out = Command::new(BIN)
-        .args([
-            "bench",
-            "--quick",
-            "--json",
-            "--http",
-            "--counts",
-            "1",
-            "--concurrency",
-            "4",
-            "--replicas",
-            "1",
-            "--replica-lag-ms",
-            "2",
-            "--replica-acks",
-            "0,1",
-            "--max-requests",
-            "40",
-            "--seconds",
-            "0.2",
-            "--baseline-seconds",
-            "0.1",
-        ])
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    let report = bench_report(&[
+        "--http",
+        "--counts",
+        "1",
+        "--concurrency",
+        "4",
+        "--replicas",
+        "1",
+        "--replica-lag-ms",
+        "2",
+        "--replica-acks",
+        "0,1",
+        "--max-requests",
+        "40",
+        "--seconds",
+        "0.2",
+        "--baseline-seconds",
+        "0.1",
+    ])
+    .await;
     assert_eq!(report["plan"]["http"], true);
     let cells = report["cells"].as_array().unwrap();
     let acks: Vec<u64> = cells

@@ -694,10 +694,10 @@ async fn a_cluster_wait_cut_short_is_not_sent_again() {
 }
 
 /// A reconnect between an extraction and its `WAIT` must never confirm it
-/// (the shared-connection design before the lanes failed this within a
-/// few rounds). The replica is linked
-/// and online, but a relay holds everything the primary sends it, so no
-/// true acknowledgement can come and every answer must be 503. Each round,
+/// (the shared-connection design before the lanes failed this within a few
+/// rounds). The replica is linked and online, but a relay holds everything
+/// the primary sends it, so no true acknowledgement can come and every
+/// answer must be 503. Each round,
 /// 16 extractions run at once and the service's connection closes right
 /// after one of their replies: the requests still in flight fail, and the
 /// client reconnects while the answered ones are about to send their
@@ -736,7 +736,6 @@ async fn a_reconnect_between_an_extraction_and_its_wait_confirms_nothing() {
     pool.upsert(&proxies("race", ROUNDS * CONCURRENT))
         .await
         .unwrap();
-    let mut answered = 0;
     for round in 0..ROUNDS {
         service.close_after_reply_to(b"EVALSHA");
         let requests: Vec<_> = (0..CONCURRENT)
@@ -760,9 +759,7 @@ async fn a_reconnect_between_an_extraction_and_its_wait_confirms_nothing() {
                 r.status, 200,
                 "round {round}: a 200 confirmed by a WAIT that covered none of its writes"
             );
-            answered += 1;
         }
     }
-    assert_eq!(answered, ROUNDS * CONCURRENT);
     drop(replica);
 }

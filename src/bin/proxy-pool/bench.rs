@@ -685,12 +685,11 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         let guard = Guard::new(config.auth_schemes, SourcePolicy::default(), registry);
         let app = Arc::new(App::new(settings.clone(), pool, Arc::new(guard)));
         fronts.push(if plan.http {
+            let unbound = |e: std::io::Error| BenchError::Failed(format!("listener: {e}"));
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
                 .await
-                .map_err(|e| BenchError::Failed(format!("listener: {e}")))?;
-            let addr = listener
-                .local_addr()
-                .map_err(|e| BenchError::Failed(format!("listener: {e}")))?;
+                .map_err(unbound)?;
+            let addr = listener.local_addr().map_err(unbound)?;
             servers.spawn(server::serve(listener, app, std::future::pending()));
             Front::Http(addr)
         } else {
@@ -704,7 +703,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         .query_async(&mut conn)
         .await?;
     let redis_version = info_field(&info, "redis_version").unwrap_or_default();
-    let bench = Bench {
+    let mut bench = Bench {
         fronts,
         servers,
         relays,
@@ -790,7 +789,6 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         .arg("ASYNC")
         .query_async::<()>(&mut bench.conn.clone())
         .await?;
-    let mut bench = bench;
     bench.servers.shutdown().await;
     drop(bench);
     drop(replica_servers);
