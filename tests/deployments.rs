@@ -763,3 +763,91 @@ async fn a_reconnect_between_an_extraction_and_its_wait_confirms_nothing() {
     }
     drop(replica);
 }
+
+/// A primary with one replica that acknowledges, and a handler with
+/// `PROXY_POOL_REPLICA_ACKS=1` over it, its pool holding `n` proxies.
+async fn acknowledged_pool(
+    prefix: &str,
+    n: usize,
+) -> (RedisServer, RedisServer, std::sync::Arc<App>) {
+    let primary = RedisServer::start()
+        .await
+        .expect("redis-server must be installed");
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()])
+            .await
+            .expect("redis-server must be installed");
+    until("the replica acknowledges", || {
+        let url = primary.url();
+        async move { common::replicas_acknowledge(&url, "probe", 1).await }
+    })
+    .await;
+    let mut config = test_config();
+    config.redis_timeout = Duration::from_millis(1000);
+    config.replica_acks = 1;
+    config.replica_ack_timeout = Duration::from_millis(500);
+    let pool = RedisPool::with_options(&primary.url(), &config.redis_options()).unwrap();
+    let app = app_over(&config, pool.clone());
+    pool.upsert(&proxies(prefix, n)).await.unwrap();
+    (primary, replica, app)
+}
+
+/// With replica acks, the script and its `WAIT` travel in one write; after
+/// `SCRIPT FLUSH` the `NOSCRIPT` answer inside that pair is followed, as on
+/// the shared connection, by a load and a second pair: 200, acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_extraction_survives_script_flush() {
+    let (primary, _replica, app) = acknowledged_pool("flush", 4).await;
+    let me = "127.0.0.1:1";
+    let r = extract_as(&app, r#"{"count":1}"#, &[], me).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    info(&mut connect(&primary.url()).await, &["SCRIPT", "FLUSH"]).await;
+    let r = extract_as(&app, r#"{"count":1}"#, &[], me).await;
+    assert_eq!(r.ids(), ["flush-0001"], "{}", r.body);
+}
+
+/// Lanes left idle when their connections die (a Redis restart, a
+/// failover, `CLIENT KILL`) are not lent out one failure at a time: the
+/// first extraction that finds its lane dead gets its 503, and every later
+/// one a fresh socket. Eight lanes are opened by eight concurrent
+/// extractions, every client connection is then killed, and eight more
+/// extractions follow one after another: at most one of them may fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_idle_lanes_cost_one_answer_not_one_each() {
+    const LANES: usize = 8;
+    let (primary, _replica, app) = acknowledged_pool("lanes", 4 * LANES).await;
+    let me = "127.0.0.1:1";
+    let gate = std::sync::Arc::new(tokio::sync::Barrier::new(LANES));
+    let opened: Vec<_> = (0..LANES)
+        .map(|_| {
+            let (app, gate) = (std::sync::Arc::clone(&app), std::sync::Arc::clone(&gate));
+            tokio::spawn(async move {
+                gate.wait().await;
+                extract_as(&app, r#"{"count":1}"#, &[], me).await.status
+            })
+        })
+        .collect();
+    for request in opened {
+        assert_eq!(request.await.unwrap(), 200);
+    }
+    let clients = info(&mut connect(&primary.url()).await, &["CLIENT", "LIST"]).await;
+    assert!(
+        clients.lines().count() >= 3,
+        "the concurrent extractions should have opened lanes of their own:\n{clients}"
+    );
+    info(
+        &mut connect(&primary.url()).await,
+        &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+    )
+    .await;
+    let mut failed = 0;
+    for _ in 0..LANES {
+        let r = extract_as(&app, r#"{"count":1}"#, &[], me).await;
+        match r.status {
+            200 => {}
+            503 => failed += 1,
+            other => panic!("unexpected {other}: {}", r.body),
+        }
+    }
+    assert!(failed <= 1, "{failed} extractions found a dead idle lane");
+}

@@ -31,6 +31,24 @@ const ANSWERS_PER_PHASE: usize = 150;
 /// How long a client keeps retrying one request after 503s.
 const RETRY_FOR: Duration = Duration::from_secs(8);
 
+/// Proxies in the pool: 4,000, or `PROXY_POOL_DRILL_POOL` to time the
+/// outage at a production-sized pool (README, Replication; run it with
+/// `--release -- --nocapture`).
+fn pool_size() -> usize {
+    std::env::var("PROXY_POOL_DRILL_POOL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4000)
+}
+
+/// A field of the server's `INFO` text.
+fn info_field<'a>(info: &'a str, name: &str) -> &'a str {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or("?")
+        .trim()
+}
+
 async fn connect(port: u16) -> MultiplexedConnection {
     redis::Client::open(format!("redis://127.0.0.1:{port}/"))
         .unwrap()
@@ -152,7 +170,7 @@ async fn drill(acks: u32) -> (usize, usize) {
     let url = format!("redis://127.0.0.1:{}/", service.port());
     let pool = RedisPool::with_options(&url, &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
-    pool.upsert(&proxies("fo", 4000)).await.unwrap();
+    pool.upsert(&proxies("fo", pool_size())).await.unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -174,11 +192,7 @@ async fn drill(acks: u32) -> (usize, usize) {
     let mut offsets = Vec::new();
     for (replica, _) in &replicas {
         let text = command(replica.port(), &["INFO", "replication"]).await;
-        let offset: i64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("slave_repl_offset:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
+        let offset: i64 = info_field(&text, "slave_repl_offset").parse().unwrap_or(0);
         offsets.push(offset);
     }
     let (promoted, other) = if offsets[0] >= offsets[1] {
@@ -213,10 +227,15 @@ async fn drill(acks: u32) -> (usize, usize) {
     for c in clients {
         c.await.unwrap();
     }
+    let stats = command(new_primary, &["INFO", "stats"]).await;
     let ledger = ledger.lock().unwrap();
     eprintln!(
-        "acks={acks}: first 200 {} ms after the promotion; {} answers, {} requests given up",
+        "acks={acks}, {} proxies: first 200 {} ms after the promotion (replica resyncs: {} full, \
+         {} partial); {} answers, {} requests given up",
+        pool_size(),
         outage.as_millis(),
+        info_field(&stats, "sync_full"),
+        info_field(&stats, "sync_partial_ok"),
         ledger.answers.len(),
         ledger.refused
     );

@@ -15,7 +15,6 @@ use redis::aio::{
 };
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, FromRedisValue, Pipeline, RedisError,
     RedisFuture, RedisResult, ServerErrorKind, TlsCertificates, Value,
@@ -68,8 +67,51 @@ enum Inner {
     Single(ConnectionManager),
     Cluster(Arc<LazyCluster>),
     /// One socket to the primary that owns `{pp}`, never replaced behind
-    /// the caller's back: what a `WAIT` must follow (see `acknowledger`).
-    Direct(MultiplexedConnection),
+    /// the caller's back, whose script calls carry their `WAIT` (see
+    /// `acknowledger`).
+    Direct(Direct),
+}
+
+/// A socket of its own whose every script call (`EVALSHA`, `EVAL`) goes out
+/// in one write with a `WAIT` right behind it. Redis runs a client's
+/// commands in order, so that `WAIT` counts the script's writes: it is
+/// proven on the very socket that carried them, and no reconnect can come
+/// between the two.
+#[derive(Clone)]
+struct Direct {
+    conn: MultiplexedConnection,
+    wait: Cmd,
+    /// What the `WAIT` behind the last script call answered.
+    answer: Option<Value>,
+}
+
+impl Direct {
+    async fn request(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if !is_script_call(cmd) {
+            return self.conn.req_packed_command(cmd).await;
+        }
+        self.answer = None;
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone()).add_command(self.wait.clone());
+        let mut replies = self.conn.req_packed_commands(&pipe, 0, 2).await?;
+        let (Some(wait), Some(reply), true) = (replies.pop(), replies.pop(), replies.is_empty())
+        else {
+            return Err(RedisError::from((
+                ErrorKind::Client,
+                "a script call and its WAIT answered with an unexpected reply count",
+            )));
+        };
+        self.answer = Some(wait);
+        Ok(reply)
+    }
+}
+
+fn is_script_call(cmd: &Cmd) -> bool {
+    matches!(
+        cmd.args_iter().next(),
+        Some(redis::Arg::Simple(name))
+            if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL")
+    )
 }
 
 /// Opens [`PoolConnection`]s of one socket each to the primary that owns
@@ -82,10 +124,12 @@ pub(crate) struct DirectOpener {
     /// In a cluster: where to ask who owns `{pp}`.
     cluster: Option<Arc<LazyCluster>>,
     timeout: Duration,
+    /// `WAIT replicas timeout`, sent behind every script call.
+    wait: Cmd,
 }
 
 impl DirectOpener {
-    /// A fresh connection of its own.
+    /// A fresh connection of its own, whose script calls carry a `WAIT`.
     pub(crate) async fn open(&self) -> RedisResult<PoolConnection> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
@@ -115,7 +159,11 @@ impl DirectOpener {
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
         Ok(PoolConnection {
-            inner: Inner::Direct(conn),
+            inner: Inner::Direct(Direct {
+                conn,
+                wait: self.wait.clone(),
+                answer: None,
+            }),
         })
     }
 }
@@ -213,6 +261,7 @@ impl PoolConnection {
                 client: single_client(seed, certificates)?,
                 cluster: Some(Arc::clone(&lazy)),
                 timeout: options.timeout,
+                wait: wait_command(options),
             };
             return Ok((
                 Self {
@@ -226,6 +275,7 @@ impl PoolConnection {
             client: client.clone(),
             cluster: None,
             timeout: options.timeout,
+            wait: wait_command(options),
         };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.timeout))
@@ -247,30 +297,16 @@ impl PoolConnection {
         matches!(self.inner, Inner::Cluster(_))
     }
 
-    /// `WAIT replicas timeout` on the connection that carried the pool's
-    /// last writes (in a cluster: the primary owning the `{pp}` slot):
-    /// how many replicas acknowledged everything written through it so far.
-    pub(crate) async fn wait_for_replicas(
-        &mut self,
-        replicas: u32,
-        timeout: Duration,
-    ) -> RedisResult<u64> {
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(replicas).arg(timeout.as_millis() as u64);
+    /// What the `WAIT` sent behind this socket's last script call
+    /// answered: how many replicas hold every write made through it.
+    /// `None` on a connection without one, or when no answer came.
+    pub(crate) fn acknowledgement(&mut self) -> Option<RedisResult<u64>> {
         match &mut self.inner {
-            Inner::Single(conn) => cmd.query_async(conn).await,
-            Inner::Direct(conn) => cmd.query_async(conn).await,
-            Inner::Cluster(lazy) => {
-                let mut conn = lazy.get().await?;
-                let route = Route::with_key(keys::PROXIES, SlotAddr::Master);
-                let value = conn
-                    .route_command(
-                        cmd,
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                    )
-                    .await?;
-                Ok(u64::from_redis_value(value)?)
-            }
+            Inner::Direct(direct) => direct
+                .answer
+                .take()
+                .map(|v| Ok(u64::from_redis_value(v.extract_error()?)?)),
+            _ => None,
         }
     }
 }
@@ -279,7 +315,7 @@ impl ConnectionLike for PoolConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match &mut self.inner {
             Inner::Single(conn) => conn.req_packed_command(cmd),
-            Inner::Direct(conn) => conn.req_packed_command(cmd),
+            Inner::Direct(direct) => Box::pin(direct.request(cmd)),
             Inner::Cluster(lazy) => Box::pin(async move {
                 let mut conn = lazy.get().await?;
                 conn.req_packed_command(cmd).await
@@ -295,7 +331,7 @@ impl ConnectionLike for PoolConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match &mut self.inner {
             Inner::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Inner::Direct(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Inner::Direct(direct) => direct.conn.req_packed_commands(pipeline, offset, count),
             Inner::Cluster(lazy) => Box::pin(async move {
                 let mut conn = lazy.get().await?;
                 conn.req_packed_commands(pipeline, offset, count).await
@@ -306,10 +342,18 @@ impl ConnectionLike for PoolConnection {
     fn get_db(&self) -> i64 {
         match &self.inner {
             Inner::Single(conn) => conn.get_db(),
-            Inner::Direct(conn) => conn.get_db(),
+            Inner::Direct(direct) => direct.conn.get_db(),
             Inner::Cluster(_) => 0,
         }
     }
+}
+
+/// `WAIT` for the acknowledgements `options` asks for.
+fn wait_command(options: &RedisOptions) -> Cmd {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(options.replica_acks)
+        .arg(options.replica_ack_timeout.as_millis() as u64);
+    cmd
 }
 
 /// A client for one server, trusting `certificates` when given.

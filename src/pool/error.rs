@@ -69,7 +69,7 @@ pub enum OutageClass {
     /// down, `TRYAGAIN`, `MOVED`, `ASK`.
     Failover,
     /// Fewer replicas acknowledged than required (`NOREPLICAS`, `WAIT`),
-    /// or the connection that carried the write was replaced before them.
+    /// or the `WAIT` behind the write got no answer.
     Replication,
     /// Redis refuses writes after a failed snapshot (`MISCONF`).
     Persistence,

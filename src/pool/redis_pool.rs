@@ -76,14 +76,7 @@ struct Link {
 impl Link {
     fn open(url: &str, options: &RedisOptions) -> Result<Self, PoolError> {
         let (conn, direct) = PoolConnection::open(url, options)?;
-        let acks = (options.replica_acks > 0).then(|| {
-            Acknowledger::new(
-                direct,
-                options.replica_acks,
-                options.replica_ack_timeout,
-                options.timeout,
-            )
-        });
+        let acks = (options.replica_acks > 0).then(|| Acknowledger::new(direct));
         Ok(Self { conn, acks })
     }
 }
@@ -322,20 +315,20 @@ impl RedisPool {
                 .await?;
             return parse_extract_reply(&reply);
         };
-        // With replica acks: on a lane of its own, so that the `WAIT` that
-        // confirms it provably follows it on the same socket.
-        let ticket = acks.enter();
-        let lane = self.bounded(acks.connection(ticket.lane())).await?;
+        // With replica acks: on a lane of its own, whose script calls carry
+        // the `WAIT` that confirms them in the same write.
+        let mut lane = self.bounded(acks.lane()).await?;
         let reply = match self
-            .run_extract(&mut lane.conn.clone(), &inv, retry_on_drop)
+            .run_extract(lane.connection()?, &inv, retry_on_drop)
             .await
         {
             Ok(reply) => reply,
             Err(e) => {
-                acks.discard_after(&lane, &e).await;
+                lane.failed(&e);
                 return Err(e);
             }
         };
+        let acked = lane.acknowledged();
         let outcome = parse_extract_reply(&reply)?;
         if !matches!(
             outcome,
@@ -343,19 +336,9 @@ impl RedisPool {
         ) {
             return Ok(outcome);
         }
-        let acked = tokio::time::timeout(self.timeout, ticket.acknowledged(lane.epoch))
-            .await
-            .unwrap_or(Acked::Failed(OutageClass::Timeout));
         match acked {
             Acked::Replicas(n) if n >= u64::from(self.replica_acks) => Ok(outcome),
             Acked::Replicas(acknowledged) => Ok(ExtractionOutcome::NotReplicated { acknowledged }),
-            Acked::Replaced => {
-                tracing::warn!(
-                    class = OutageClass::Replication.as_str(),
-                    "the connection that carried the extraction was replaced before WAIT"
-                );
-                Ok(ExtractionOutcome::NotReplicated { acknowledged: 0 })
-            }
             Acked::Failed(class) => {
                 tracing::warn!(class = class.as_str(), "replica acknowledgement failed");
                 Ok(ExtractionOutcome::NotReplicated { acknowledged: 0 })

@@ -603,17 +603,55 @@ impl Caller {
     }
 }
 
-/// Starts `n` replicas of `primary`, each behind a relay (the replication
-/// delay), and waits until they acknowledge writes.
+/// The thread the replication relays run on: a runtime of their own, so
+/// that the simulated replication lag is the relay's delay, not that delay
+/// plus the wait for a turn behind the handler's and the clients' tasks
+/// (in a deployment the replicas' network is not the service's runtime).
+struct RelayThread(Option<tokio::runtime::Runtime>);
+
+impl RelayThread {
+    fn start() -> Result<Self, BenchError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("bench-relays")
+            .enable_all()
+            .build()
+            .map_err(|e| BenchError::Failed(format!("relay runtime: {e}")))?;
+        Ok(Self(Some(runtime)))
+    }
+
+    /// A relay to `target`, served by this thread.
+    async fn relay(&self, target: SocketAddr) -> Result<Relay, BenchError> {
+        let failed = |e: String| BenchError::Failed(format!("relay: {e}"));
+        let runtime = self.0.as_ref().ok_or_else(|| failed("stopped".into()))?;
+        runtime
+            .spawn(Relay::start(target))
+            .await
+            .map_err(|e| failed(e.to_string()))?
+            .map_err(|e| failed(e.to_string()))
+    }
+}
+
+impl Drop for RelayThread {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Starts `n` replicas of `primary`, each behind a relay on `thread` (the
+/// replication delay), and waits until they acknowledge writes.
 async fn start_replicas(
     primary: &RedisServer,
     n: usize,
+    thread: &RelayThread,
 ) -> Result<Vec<(RedisServer, Relay)>, BenchError> {
     let mut replicas = Vec::new();
     for _ in 0..n {
-        let relay = Relay::start(([127, 0, 0, 1], primary.port()).into())
-            .await
-            .map_err(|e| BenchError::Failed(format!("relay: {e}")))?;
+        let relay = thread
+            .relay(([127, 0, 0, 1], primary.port()).into())
+            .await?;
         let port = relay.port().to_string();
         let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await?;
         replicas.push((replica, relay));
@@ -636,11 +674,12 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
     // The private Redis lives as long as this function.
     let mut private = None;
     let mut replicas = Vec::new();
+    let relay_thread = RelayThread::start()?;
     let url = match target {
         Target::Private => {
             let server = RedisServer::start().await?;
             let url = server.url();
-            replicas = start_replicas(&server, plan.replicas).await?;
+            replicas = start_replicas(&server, plan.replicas, &relay_thread).await?;
             private = Some(server);
             url
         }
