@@ -14,7 +14,9 @@ use lambda_http::Body;
 use lambda_http::http::Request;
 use proxy_pool::distribution::App;
 use proxy_pool::local::{RedisServer, Relay, TlsFiles};
-use proxy_pool::pool::{PoolError, RedisPool, keys};
+use proxy_pool::pool::{
+    ExtractionOutcome, ExtractionQuery, Fulfillment, PoolError, RedisPool, Selection, keys,
+};
 use proxy_pool::security::Rate;
 use redis::aio::MultiplexedConnection;
 
@@ -769,7 +771,7 @@ async fn a_reconnect_between_an_extraction_and_its_wait_confirms_nothing() {
 async fn acknowledged_pool(
     prefix: &str,
     n: usize,
-) -> (RedisServer, RedisServer, std::sync::Arc<App>) {
+) -> (RedisServer, RedisServer, std::sync::Arc<App>, RedisPool) {
     let primary = RedisServer::start()
         .await
         .expect("redis-server must be installed");
@@ -789,7 +791,7 @@ async fn acknowledged_pool(
     let pool = RedisPool::with_options(&primary.url(), &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
     pool.upsert(&proxies(prefix, n)).await.unwrap();
-    (primary, replica, app)
+    (primary, replica, app, pool)
 }
 
 /// With replica acks, the script and its `WAIT` travel in one write; after
@@ -797,7 +799,7 @@ async fn acknowledged_pool(
 /// the shared connection, by a load and a second pair: 200, acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledged_extraction_survives_script_flush() {
-    let (primary, _replica, app) = acknowledged_pool("flush", 4).await;
+    let (primary, _replica, app, _) = acknowledged_pool("flush", 4).await;
     let me = "127.0.0.1:1";
     let r = extract_as(&app, r#"{"count":1}"#, &[], me).await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -815,7 +817,7 @@ async fn an_acknowledged_extraction_survives_script_flush() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_idle_lanes_cost_one_answer_not_one_each() {
     const LANES: usize = 8;
-    let (primary, _replica, app) = acknowledged_pool("lanes", 4 * LANES).await;
+    let (primary, _replica, app, _) = acknowledged_pool("lanes", 4 * LANES).await;
     let me = "127.0.0.1:1";
     let gate = std::sync::Arc::new(tokio::sync::Barrier::new(LANES));
     let opened: Vec<_> = (0..LANES)
@@ -850,4 +852,65 @@ async fn dead_idle_lanes_cost_one_answer_not_one_each() {
         }
     }
     assert!(failed <= 1, "{failed} extractions found a dead idle lane");
+}
+
+/// One plain extraction of one proxy, as the service would ask for it.
+async fn extract_one(pool: &RedisPool, request_id: &str) -> ExtractionOutcome {
+    let query = ExtractionQuery {
+        count: 1,
+        fulfillment: Fulfillment::Partial,
+        reserve: 0,
+        min_remaining_ttl: Duration::ZERO,
+        max_health_check_age: Duration::from_secs(3600),
+        selection: Selection {
+            protocols: &[],
+            regions: &[],
+            carriers: &[],
+            upstreams: None,
+        },
+        request_id,
+        idempotency: None,
+        usage: None,
+    };
+    pool.extract(&query).await.unwrap()
+}
+
+/// How many `WAIT`s the server has run.
+async fn waits_run(server: &RedisServer) -> u64 {
+    let stats = info(&mut connect(&server.url()).await, &["INFO", "commandstats"]).await;
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Group commit: extractions that reach Redis together go out in one
+/// write with one `WAIT` behind them, and that `WAIT` acknowledges each.
+/// Ten extractions started in one turn of a current-thread runtime (so all
+/// of them join the batch before it is sent) are answered by exactly one
+/// `WAIT`, every one committed, acknowledged and with a proxy of its own.
+#[tokio::test]
+async fn extractions_that_arrive_together_share_one_wait() {
+    const TOGETHER: usize = 10;
+    let (primary, _replica, _, pool) = acknowledged_pool("batch", TOGETHER + 1).await;
+    assert!(matches!(
+        extract_one(&pool, "warm-up").await,
+        ExtractionOutcome::Committed(_)
+    ));
+    let before = waits_run(&primary).await;
+    let mut together = tokio::task::JoinSet::new();
+    for i in 0..TOGETHER {
+        let pool = pool.clone();
+        together.spawn(async move { extract_one(&pool, &format!("together-{i}")).await });
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    for outcome in together.join_all().await {
+        let ExtractionOutcome::Committed(c) = outcome else {
+            panic!("not committed and acknowledged: {outcome:?}");
+        };
+        ids.extend(c.proxies.into_iter().map(|p| p.id));
+    }
+    assert_eq!(ids.len(), TOGETHER);
+    assert_eq!(waits_run(&primary).await - before, 1);
 }

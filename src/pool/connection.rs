@@ -67,51 +67,9 @@ enum Inner {
     Single(ConnectionManager),
     Cluster(Arc<LazyCluster>),
     /// One socket to the primary that owns `{pp}`, never replaced behind
-    /// the caller's back, whose script calls carry their `WAIT` (see
+    /// the caller's back: a lane for a batch and its `WAIT` (see
     /// `acknowledger`).
-    Direct(Direct),
-}
-
-/// A socket of its own whose every script call (`EVALSHA`, `EVAL`) goes out
-/// in one write with a `WAIT` right behind it. Redis runs a client's
-/// commands in order, so that `WAIT` counts the script's writes: it is
-/// proven on the very socket that carried them, and no reconnect can come
-/// between the two.
-#[derive(Clone)]
-struct Direct {
-    conn: MultiplexedConnection,
-    wait: Cmd,
-    /// What the `WAIT` behind the last script call answered.
-    answer: Option<Value>,
-}
-
-impl Direct {
-    async fn request(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        if !is_script_call(cmd) {
-            return self.conn.req_packed_command(cmd).await;
-        }
-        self.answer = None;
-        let mut pipe = redis::pipe();
-        pipe.add_command(cmd.clone()).add_command(self.wait.clone());
-        let mut replies = self.conn.req_packed_commands(&pipe, 0, 2).await?;
-        let (Some(wait), Some(reply), true) = (replies.pop(), replies.pop(), replies.is_empty())
-        else {
-            return Err(RedisError::from((
-                ErrorKind::Client,
-                "a script call and its WAIT answered with an unexpected reply count",
-            )));
-        };
-        self.answer = Some(wait);
-        Ok(reply)
-    }
-}
-
-fn is_script_call(cmd: &Cmd) -> bool {
-    matches!(
-        cmd.args_iter().next(),
-        Some(redis::Arg::Simple(name))
-            if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL")
-    )
+    Direct(MultiplexedConnection),
 }
 
 /// Opens [`PoolConnection`]s of one socket each to the primary that owns
@@ -124,12 +82,10 @@ pub(crate) struct DirectOpener {
     /// In a cluster: where to ask who owns `{pp}`.
     cluster: Option<Arc<LazyCluster>>,
     timeout: Duration,
-    /// `WAIT replicas timeout`, sent behind every script call.
-    wait: Cmd,
 }
 
 impl DirectOpener {
-    /// A fresh connection of its own, whose script calls carry a `WAIT`.
+    /// A fresh connection of its own.
     pub(crate) async fn open(&self) -> RedisResult<PoolConnection> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
@@ -159,11 +115,7 @@ impl DirectOpener {
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
         Ok(PoolConnection {
-            inner: Inner::Direct(Direct {
-                conn,
-                wait: self.wait.clone(),
-                answer: None,
-            }),
+            inner: Inner::Direct(conn),
         })
     }
 }
@@ -261,7 +213,6 @@ impl PoolConnection {
                 client: single_client(seed, certificates)?,
                 cluster: Some(Arc::clone(&lazy)),
                 timeout: options.timeout,
-                wait: wait_command(options),
             };
             return Ok((
                 Self {
@@ -275,7 +226,6 @@ impl PoolConnection {
             client: client.clone(),
             cluster: None,
             timeout: options.timeout,
-            wait: wait_command(options),
         };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.timeout))
@@ -296,26 +246,13 @@ impl PoolConnection {
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner, Inner::Cluster(_))
     }
-
-    /// What the `WAIT` sent behind this socket's last script call
-    /// answered: how many replicas hold every write made through it.
-    /// `None` on a connection without one, or when no answer came.
-    pub(crate) fn acknowledgement(&mut self) -> Option<RedisResult<u64>> {
-        match &mut self.inner {
-            Inner::Direct(direct) => direct
-                .answer
-                .take()
-                .map(|v| Ok(u64::from_redis_value(v.extract_error()?)?)),
-            _ => None,
-        }
-    }
 }
 
 impl ConnectionLike for PoolConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match &mut self.inner {
             Inner::Single(conn) => conn.req_packed_command(cmd),
-            Inner::Direct(direct) => Box::pin(direct.request(cmd)),
+            Inner::Direct(conn) => conn.req_packed_command(cmd),
             Inner::Cluster(lazy) => Box::pin(async move {
                 let mut conn = lazy.get().await?;
                 conn.req_packed_command(cmd).await
@@ -331,7 +268,7 @@ impl ConnectionLike for PoolConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match &mut self.inner {
             Inner::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Inner::Direct(direct) => direct.conn.req_packed_commands(pipeline, offset, count),
+            Inner::Direct(conn) => conn.req_packed_commands(pipeline, offset, count),
             Inner::Cluster(lazy) => Box::pin(async move {
                 let mut conn = lazy.get().await?;
                 conn.req_packed_commands(pipeline, offset, count).await
@@ -342,18 +279,10 @@ impl ConnectionLike for PoolConnection {
     fn get_db(&self) -> i64 {
         match &self.inner {
             Inner::Single(conn) => conn.get_db(),
-            Inner::Direct(direct) => direct.conn.get_db(),
+            Inner::Direct(conn) => conn.get_db(),
             Inner::Cluster(_) => 0,
         }
     }
-}
-
-/// `WAIT` for the acknowledgements `options` asks for.
-fn wait_command(options: &RedisOptions) -> Cmd {
-    let mut cmd = redis::cmd("WAIT");
-    cmd.arg(options.replica_acks)
-        .arg(options.replica_ack_timeout.as_millis() as u64);
-    cmd
 }
 
 /// A client for one server, trusting `certificates` when given.

@@ -1,6 +1,8 @@
 //! The Redis TTL activity pool: the key layout (`keys`), the Lua scripts
 //! (`scripts`, sources in `lua/`), the connection (single server or Redis
-//! Cluster, `connection`), the adapter that runs them (`redis_pool`) and the
+//! Cluster, `connection`; with replica acknowledgement, the group commit of
+//! scripts and their `WAIT`, `acknowledger`), the adapter that runs them
+//! (`redis_pool`) and the
 //! types of its extraction contract (`query`), the operations the
 //! Controller, health checker and Gateway Workers use (`contract`), and the
 //! upkeep the scheduled health check runs: pruning and inventory

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
+use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 use serde::Serialize;
 
@@ -76,7 +77,8 @@ struct Link {
 impl Link {
     fn open(url: &str, options: &RedisOptions) -> Result<Self, PoolError> {
         let (conn, direct) = PoolConnection::open(url, options)?;
-        let acks = (options.replica_acks > 0).then(|| Acknowledger::new(direct));
+        let acks = (options.replica_acks > 0)
+            .then(|| Acknowledger::new(direct, options.replica_acks, options.replica_ack_timeout));
         Ok(Self { conn, acks })
     }
 }
@@ -248,7 +250,10 @@ impl RedisPool {
     /// Refuses a server older than [`MIN_REDIS`] with an error naming its
     /// version, instead of letting a script fail on a missing feature.
     /// Checked on readiness and before the first script; success is kept.
-    async fn check_version(&self, conn: &mut PoolConnection) -> Result<(), PoolError> {
+    async fn check_version(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> Result<(), PoolError> {
         let mut inv = VERSION.prepare_invoke();
         inv.key(keys::PROXIES);
         let version: String = inv.invoke_async(conn).await?;
@@ -315,20 +320,11 @@ impl RedisPool {
                 .await?;
             return parse_extract_reply(&reply);
         };
-        // With replica acks: on a lane of its own, whose script calls carry
-        // the `WAIT` that confirms them in the same write.
-        let mut lane = self.bounded(acks.lane()).await?;
-        let reply = match self
-            .run_extract(lane.connection()?, &inv, retry_on_drop)
-            .await
-        {
-            Ok(reply) => reply,
-            Err(e) => {
-                lane.failed(&e);
-                return Err(e);
-            }
-        };
-        let acked = lane.acknowledged();
+        // With replica acks: batched with concurrent extractions, in one
+        // write with the `WAIT` that confirms them all.
+        let mut conn = acks.connection();
+        let reply = self.run_extract(&mut conn, &inv, retry_on_drop).await?;
+        let acked = conn.acknowledged();
         let outcome = parse_extract_reply(&reply)?;
         if !matches!(
             outcome,
@@ -351,7 +347,7 @@ impl RedisPool {
     /// answers exactly).
     async fn run_extract(
         &self,
-        conn: &mut PoolConnection,
+        conn: &mut (impl ConnectionLike + Send),
         inv: &ScriptInvocation<'_>,
         retry_on_drop: bool,
     ) -> Result<Vec<String>, PoolError> {
@@ -461,7 +457,7 @@ impl RedisPool {
     /// never resend (see `connection.rs`).
     async fn call<T: FromRedisValue>(
         &self,
-        conn: &mut PoolConnection,
+        conn: &mut (impl ConnectionLike + Send),
         inv: &ScriptInvocation<'_>,
         retry_on_drop: bool,
     ) -> Result<T, PoolError> {
@@ -483,7 +479,7 @@ impl RedisPool {
                 }
                 Err(e) if repeats == 0 && retry_on_drop && e.is_connection_dropped() => {
                     repeats += 1;
-                    if conn.is_cluster() {
+                    if self.options.cluster {
                         // Give the cluster client a moment to reconnect.
                         tokio::time::sleep(REPEAT_AFTER).await;
                     }
@@ -530,7 +526,7 @@ impl RedisPool {
 
 /// PING, repeated once when the connection turns out dead: the first attempt
 /// makes the manager reconnect, the second waits for the new connection.
-async fn ping(conn: &mut PoolConnection) -> Result<(), PoolError> {
+async fn ping(conn: &mut (impl ConnectionLike + Send)) -> Result<(), PoolError> {
     let cmd = redis::cmd("PING");
     match cmd.query_async::<String>(conn).await {
         Err(e) if e.is_connection_dropped() || e.is_io_error() => {
