@@ -715,14 +715,7 @@ async fn a_reconnect_between_an_extraction_and_its_wait_confirms_nothing() {
     let feed = Relay::start(([127, 0, 0, 1], primary.port()).into())
         .await
         .unwrap();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &feed.port().to_string()])
-        .await
-        .expect("redis-server must be installed");
-    until("the replica acknowledges", || {
-        let url = primary.url();
-        async move { common::replicas_acknowledge(&url, "probe", 1).await }
-    })
-    .await;
+    let replica = acknowledging_replica(&primary, feed.port()).await;
     feed.set_delay(Duration::from_secs(3600));
 
     let service = Relay::start(([127, 0, 0, 1], primary.port()).into())
@@ -766,6 +759,20 @@ async fn a_reconnect_between_an_extraction_and_its_wait_confirms_nothing() {
     drop(replica);
 }
 
+/// A replica of `primary` fed from `port` (the primary's own, or a relay's
+/// in front of it), once `primary` counts its acknowledgements.
+async fn acknowledging_replica(primary: &RedisServer, port: u16) -> RedisServer {
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port.to_string()])
+        .await
+        .expect("redis-server must be installed");
+    until("the replica acknowledges", || {
+        let url = primary.url();
+        async move { common::replicas_acknowledge(&url, "probe", 1).await }
+    })
+    .await;
+    replica
+}
+
 /// A primary with one replica that acknowledges, and a handler with
 /// `PROXY_POOL_REPLICA_ACKS=1` over it, its pool holding `n` proxies.
 async fn acknowledged_pool(
@@ -775,15 +782,7 @@ async fn acknowledged_pool(
     let primary = RedisServer::start()
         .await
         .expect("redis-server must be installed");
-    let replica =
-        RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()])
-            .await
-            .expect("redis-server must be installed");
-    until("the replica acknowledges", || {
-        let url = primary.url();
-        async move { common::replicas_acknowledge(&url, "probe", 1).await }
-    })
-    .await;
+    let replica = acknowledging_replica(&primary, primary.port()).await;
     let mut config = test_config();
     config.redis_timeout = Duration::from_millis(1000);
     config.replica_acks = 1;
@@ -794,9 +793,10 @@ async fn acknowledged_pool(
     (primary, replica, app, pool)
 }
 
-/// With replica acks, the script and its `WAIT` travel in one write; after
-/// `SCRIPT FLUSH` the `NOSCRIPT` answer inside that pair is followed, as on
-/// the shared connection, by a load and a second pair: 200, acknowledged.
+/// With replica acks, the scripts of a batch and its `WAIT` travel in one
+/// write; after `SCRIPT FLUSH` the `NOSCRIPT` answer inside a batch is
+/// followed, as on the shared connection, by a load and a later batch: 200,
+/// acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledged_extraction_survives_script_flush() {
     let (primary, _replica, app, _) = acknowledged_pool("flush", 4).await;

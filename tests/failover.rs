@@ -171,6 +171,12 @@ async fn drill(acks: u32) -> (usize, usize) {
     let pool = RedisPool::with_options(&url, &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
     pool.upsert(&proxies("fo", pool_size())).await.unwrap();
+    // Steady state before the clients start: both replicas hold the pool
+    // (with a large pool, its replication takes a while through the lag).
+    until("both replicas hold the pool", || {
+        common::replicas_acknowledge(&primary_url, "replication-probe", 2)
+    })
+    .await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -183,12 +189,14 @@ async fn drill(acks: u32) -> (usize, usize) {
     })
     .await;
 
-    // The primary's host is lost: the process dies, and with it whatever
-    // replication the relays still held.
-    primary.stop().await;
+    // The primary's host is lost: whatever replication the relays still
+    // held is gone, and the process dies. The links are cut first: reaping
+    // a primary with a large pool takes a while (its memory is freed
+    // first), and meanwhile the relays would deliver what they held.
     for (_, lag) in &replicas {
         lag.cut();
     }
+    primary.stop().await;
     let mut offsets = Vec::new();
     for (replica, _) in &replicas {
         let text = command(replica.port(), &["INFO", "replication"]).await;
