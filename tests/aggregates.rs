@@ -209,12 +209,9 @@ async fn counters_cost_one_hincrby_per_tuple() {
     assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.status, 200);
     let mut conn = h.redis().await;
     let stats = |info: String| {
-        let calls = |cmd: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
-                .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-        };
-        (calls("hincrby"), calls("expireat"))
+        let calls = common::command_calls(&info);
+        let of = |cmd: &str| calls.get(cmd).copied().unwrap_or(0);
+        (of("hincrby"), of("expireat"))
     };
     let mut run = async |count: usize| {
         let _: () = redis::cmd("CONFIG")

@@ -878,11 +878,10 @@ async fn extract_one(pool: &RedisPool, request_id: &str) -> ExtractionOutcome {
 /// How many `WAIT`s the server has run.
 async fn waits_run(server: &RedisServer) -> u64 {
     let stats = info(&mut connect(&server.url()).await, &["INFO", "commandstats"]).await;
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
+    common::command_calls(&stats)
+        .get("wait")
+        .copied()
+        .unwrap_or(0)
 }
 
 /// Group commit: extractions that reach Redis together go out in one

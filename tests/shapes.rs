@@ -65,18 +65,7 @@ async fn command_calls(h: &Harness) -> BTreeMap<String, u64> {
         .query_async(&mut conn)
         .await
         .unwrap();
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
+    common::command_calls(&info)
 }
 
 /// Commands Redis ran (scripts' own commands included, the script call

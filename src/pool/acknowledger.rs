@@ -25,11 +25,11 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Valu
 use tokio::sync::{Semaphore, oneshot};
 
 use super::connection::{DirectOpener, PoolConnection};
-use super::error::{OutageClass, PoolError, outage_class};
+use super::error::{OutageClass, outage_class};
 
 /// Most sockets one process opens for acknowledged extractions: as many
 /// batches can wait for replicas at once; more wait for a lane.
-pub(crate) const LANES: usize = 128;
+const LANES: usize = 128;
 
 /// Most script calls in one batch.
 const MAX_BATCH: usize = 64;
@@ -133,40 +133,37 @@ impl Acknowledger {
             pipe.add_command(cmd);
         }
         pipe.add_command(self.wait.clone());
+        let calls = replies.len();
         let sent = match self.lane().await {
             Ok(mut lane) => {
                 let sent = lane
                     .conn
-                    .req_packed_commands(&pipe, 0, replies.len() + 1)
-                    .await;
-                let healthy = sent.as_ref().is_ok_and(|values| {
-                    values.len() == replies.len() + 1 && values.iter().all(is_healthy)
-                });
-                if healthy {
-                    lock(&self.idle).push((lane.conn, Instant::now()));
-                } else {
-                    self.forget_idle_lanes();
+                    .req_packed_commands(&pipe, 0, calls + 1)
+                    .await
+                    .and_then(|mut values| match values.pop() {
+                        Some(wait) if values.len() == calls => Ok((values, wait)),
+                        _ => Err(RedisError::from((
+                            ErrorKind::Client,
+                            "a batch and its WAIT answered with an unexpected reply count",
+                        ))),
+                    });
+                match &sent {
+                    Ok((values, wait)) if values.iter().chain([wait]).all(is_healthy) => {
+                        lock(&self.idle).push((lane.conn, Instant::now()));
+                    }
+                    _ => self.forget_idle_lanes(),
                 }
                 sent
             }
             Err(e) => Err(e),
         };
         match sent {
-            Ok(mut values) if values.len() == replies.len() + 1 => {
-                let wait = values.pop().map_or_else(
-                    || Err(RedisError::from((ErrorKind::Client, "no WAIT reply"))),
-                    |v| {
-                        redis::from_redis_value::<u64>(v.extract_error()?).map_err(RedisError::from)
-                    },
-                );
+            Ok((values, wait)) => {
+                let acked = wait
+                    .extract_error()
+                    .and_then(|v| Ok(redis::from_redis_value::<u64>(v)?));
                 for (reply, value) in replies.into_iter().zip(values) {
-                    let _ = reply.send((Ok(value), wait.clone()));
-                }
-            }
-            Ok(_) => {
-                let bad = RedisError::from((ErrorKind::Client, "unexpected reply count"));
-                for reply in replies {
-                    let _ = reply.send((Err(bad.clone()), Err(bad.clone())));
+                    let _ = reply.send((Ok(value), acked.clone()));
                 }
             }
             Err(e) => {
@@ -243,11 +240,7 @@ impl AckedConnection {
     pub(crate) fn acknowledged(&mut self) -> Acked {
         match self.acked.take() {
             Some(Ok(n)) => Acked::Replicas(n),
-            Some(Err(e)) => Acked::Failed(
-                PoolError::from(e)
-                    .outage_class()
-                    .unwrap_or(OutageClass::Replication),
-            ),
+            Some(Err(e)) => Acked::Failed(outage_class(&e).unwrap_or(OutageClass::Replication)),
             None => Acked::Failed(OutageClass::Replication),
         }
     }

@@ -666,3 +666,20 @@ pub async fn replicas_acknowledge(url: &str, key: &str, n: usize) -> bool {
         .await
         .unwrap_or(false)
 }
+
+/// Calls per command in the text of `INFO commandstats` (the commands a
+/// script runs included), by lower-case command name.
+pub fn command_calls(info: &str) -> BTreeMap<String, u64> {
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
