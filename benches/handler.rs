@@ -235,15 +235,15 @@ fn redis_identity(c: &mut Criterion, keyed_request: &Request<Body>) {
     let server = rt
         .block_on(RedisServer::start())
         .expect("redis-server must be installed for this bench");
-    let pool = RedisPool::new(&server.url(), std::time::Duration::from_secs(5)).expect("a pool");
-    let registry = RedisRegistry::new(pool.clone());
-    let guard = Guard::new(api_key_schemes(), SourcePolicy::default(), registry.clone());
     let config = Config {
         client_rate: None,
         global_rate: None,
         max_health_check_age: std::time::Duration::from_secs(3600),
         ..Config::default()
     };
+    let pool = RedisPool::with_options(&server.url(), &config.redis_options()).expect("a pool");
+    let registry = RedisRegistry::new(pool.clone());
+    let guard = Guard::new(api_key_schemes(), SourcePolicy::default(), registry.clone());
     let keyed_app = App::new(
         config.settings(),
         pool.clone(),

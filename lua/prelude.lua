@@ -3,8 +3,9 @@
 -- so every script names the keys, reads the clock, judges records and
 -- writes the index the same way.
 --
--- Every pool script takes the same twelve keys first (KEYS[1..12], below),
--- then its own extra keys. All share the hash tag {pp}: one cluster slot.
+-- Every pool script takes the same twenty keys first (KEYS[1..20], below),
+-- then its own extra keys, and its first argument is the caller's policy
+-- (ARGV[1], see pool_policy). All keys share the hash tag {pp}: one slot.
 --
 -- A proxy is two values under its id (times in Unix ms):
 --   {pp}:proxies  its details, exactly the response's fields:
@@ -19,43 +20,77 @@
 --                 kept until its expiry so the proxy can never come back.
 -- Scripts that need both see one merged record (decode_record).
 --
+-- The pool policy. One pool has one (maxHealthCheckAge A, minRemainingTTL
+-- m), recorded in {pp}:policy by the first write and kept as long as the
+-- pool holds anything; a caller configured otherwise is refused with an
+-- error "POLICY <pool's A>|<pool's m>" before anything is read or written.
+-- With it, every record has one deadline, the instant it stops being
+-- eligible without any further write:
+--   D = min(usableUntil, expiresAt - max(m, 1) + 1, healthCheckedAt + A + 1)
+-- so rules 1, 3 and 4 are the one comparison `now < D` at the Redis clock.
+--
 -- The index holds every live record that is allocatable (AVAILABLE with no
--- owner, or DRAINED with Active = Reserved = 0) and whose last health check
--- passed. A record's place in it is its locator
+-- owner, or DRAINED with Active = Reserved = 0), whose last health check
+-- passed and whose D was still ahead when it was written. An entry whose D
+-- has passed since stays in the index (as "spent" until prune takes it out);
+-- every count and every walk leaves it out by its deadline. A record's
+-- place is its locator
 --   "<protocol>|<region>|<carrier>|<upstream>|<expiresAt, 13 digits>|<id>"
--- and it appears once in each of six sorted sets:
---   pool    "<expiry>|<id>\t<p>|<r>|<c>|<u>"      every entry, expiry order
---   region  "<r>|<expiry>|<id>\t<p>|<c>|<u>"      one slice per region
---   kind    "<p>|<c>|<u>|<expiry>|<id>\t<r>"      one slice per (protocol, carrier, upstream)
---   atom    "<p>|<r>|<c>|<u>|<expiry>|<id>"       one slice per combination (= the locator)
---   usable  score usableUntil, member locator     only records with a safety margin
---   checked score healthCheckedAt, member locator
--- (The time sets may also hold members of entries no longer indexed: they
--- are left behind by removals and dropped when they fall due.)
--- A slice is a lexicographic range (all members score 0), sorted by expiry
--- then id. Every member carries the whole locator, so any one of them says
--- where the entry sits in all the others. The time rules are not in the
--- index: extraction reads them from ranges (expiry) and from usable/checked,
--- whose due entries it removes before it counts.
+-- The index is two kinds of sorted set:
+--   live      score D, member the locator: every indexed entry. It is the
+--             index: an entry is indexed exactly when it is here, and its
+--             score is the D its other members were written with.
+--   By deadline (lex, all scores 0), one slice per value of the family's
+--   dimensions, sorted by D: exact counts of what is eligible (ZLEXCOUNT
+--   from "<slice><now + 1>"), whatever was spent and never pruned.
+--     dregion "<r>|<D>|<expiry>|<id>"
+--     dkind   "<p>|<c>|<u>|<D>|<expiry>|<id>"
+--     datom   "<p>|<r>|<c>|<u>|<D>|<expiry>|<id>"
+--     (the whole pool's count is `live`'s ZCOUNT from now)
+--   By expiry (lex), the same slices sorted by expiry, then id: the order
+--   extraction hands proxies out in (first-expired, first-out).
+--     pool    "<expiry>|<id>\t<p>|<r>|<c>|<u>"   every entry, expiry order
+--     region  "<r>|<expiry>|<id>\t<p>|<c>|<u>"
+--     kind    "<p>|<c>|<u>|<expiry>|<id>\t<r>"
+--     atom    "<p>|<r>|<c>|<u>|<expiry>|<id>"    (= the locator)
+--   An expiry family may lack an entry that is spent (a walk that passed it
+--   took it out of that family only); every eligible entry is in all four.
+-- Counts that tell extraction which slices exist (so it never plans from
+-- what a request names, and leaves nothing behind for a value no entry has):
+--   atoms  HASH "<p>|<r>|<c>|<u>" -> indexed entries of that combination
+--   vp, vr, vc, vu  HASH value -> combinations (atoms) with that protocol,
+--          region, carrier, upstream
+--   kinds  HASH "<p>|<c>|<u>" -> combinations of that kind
+--   hint   HASH "<family>:<slice>" -> a lower bound of the slice's first
+--          "<expiry>|<id>" ("~": none left at the last walk); orders the
+--          probes of a many-slice extraction, never decides what it takes.
+--          A slice has a hint only while it has entries.
 
 local K = {
   proxies = KEYS[1],  -- HASH id -> details JSON
   state = KEYS[2],    -- HASH id -> state JSON or tombstone
   expiry = KEYS[3],   -- ZSET id -> expiresAt ms: every proxy and tombstone, for pruning
   held = KEYS[4],     -- HASH id -> Worker id, while CLAIMED or DRAINING
-  pool = KEYS[5],     -- ZSET (lex)
-  region = KEYS[6],   -- ZSET (lex)
-  kind = KEYS[7],     -- ZSET (lex)
-  atom = KEYS[8],     -- ZSET (lex)
-  usable = KEYS[9],   -- ZSET usableUntil -> locator
-  checked = KEYS[10], -- ZSET healthCheckedAt -> locator
-  hint = KEYS[11],    -- HASH "<family>:<slice>" -> lower bound "<expiry>|<id>" of the
-                      --   slice's first entry ("~": empty); orders the probes of a
-                      --   many-slice extraction, never decides what it may take
-  kinds = KEYS[12],   -- HASH "<p>|<c>|<u>" -> "1": every kind ever indexed (grows only)
+  pool = KEYS[5],     -- ZSET (lex) by expiry
+  region = KEYS[6],   -- ZSET (lex) by expiry
+  kind = KEYS[7],     -- ZSET (lex) by expiry
+  atom = KEYS[8],     -- ZSET (lex) by expiry
+  live = KEYS[9],     -- ZSET D -> locator: the index
+  dregion = KEYS[10], -- ZSET (lex) by deadline
+  dkind = KEYS[11],   -- ZSET (lex) by deadline
+  datom = KEYS[12],   -- ZSET (lex) by deadline
+  hint = KEYS[13],    -- HASH "<family>:<slice>" -> lower bound of its first entry
+  atoms = KEYS[14],   -- HASH combination -> indexed entries
+  vp = KEYS[15],      -- HASH protocol -> combinations
+  vr = KEYS[16],      -- HASH region -> combinations
+  vc = KEYS[17],      -- HASH carrier -> combinations
+  vu = KEYS[18],      -- HASH upstream -> combinations
+  kinds = KEYS[19],   -- HASH "<p>|<c>|<u>" -> combinations
+  policy = KEYS[20],  -- STRING "<A ms>|<m ms>"
 }
-local POOL_KEY_COUNT = 12
+local POOL_KEY_COUNT = 20
 local FAMILIES = {'pool', 'region', 'kind', 'atom'}
+local DFAMILY = {region = 'dregion', kind = 'dkind', atom = 'datom'}
 
 -- Largest `count` an extraction may ask for, and the most arguments any one
 -- command is sent (Lua's unpack limit is ~8000).
@@ -85,6 +120,25 @@ end
 
 local function is_int(v, lo, hi)
   return type(v) == 'number' and v == math.floor(v) and v >= lo and v <= hi
+end
+
+-- The pool policy (see the header). `arg` is the caller's "<A>|<m>" (ms).
+-- Returns A, m and whether the pool has yet to record it (the caller's
+-- writes then include it: record_policy); raises "POLICY <pool's>" when
+-- the pool recorded another one, before anything is read or written.
+local POLICY_A, POLICY_M
+local function pool_policy(arg)
+  local a, m = string.match(arg or '', '^(%d+)|(%d+)$')
+  a, m = tonumber(a), tonumber(m)
+  if not (is_int(a, 0, MAX_MS) and is_int(m, 0, MAX_MS)) then
+    error({err = 'ERR bad pool policy argument'})
+  end
+  local recorded = redis.call('GET', K.policy)
+  if recorded and recorded ~= arg then
+    error({err = 'POLICY ' .. recorded})
+  end
+  POLICY_A, POLICY_M = a, m
+  return a, m, not recorded
 end
 
 -- Region, carrier, upstream: no "|" (the locator's separator), no control
@@ -185,10 +239,21 @@ local function allocatable(rec)
   return false
 end
 
--- In the index: live, allocatable, last health check passed. (The time
--- rules are checked against the clock by whoever reads the index.)
-local function indexed(rec)
+-- The record's deadline under the pool policy (see the header).
+local function deadline(rec)
+  return math.min(rec.usableUntil, rec.expiresAt - math.max(POLICY_M, 1) + 1,
+                  rec.healthCheckedAt + POLICY_A + 1)
+end
+
+-- Live, allocatable, last health check passed: what extraction (and a
+-- Worker's claim) may take, time rules aside.
+local function takeable(rec)
   return rec ~= nil and rec.status ~= 'EXTRACTED' and rec.healthOk == true and allocatable(rec)
+end
+
+-- Belongs in the index at `now`: takeable, deadline ahead.
+local function indexable(rec, now)
+  return takeable(rec) and deadline(rec) > now
 end
 
 -- The two values of a live record.
@@ -226,7 +291,16 @@ local function split_locator(loc)
   return string.match(loc, LOCATOR)
 end
 
--- The member of `family` for a split locator, and the slice it belongs to.
+-- The slice of `family` an entry of (p, r, c, u) belongs to: the prefix of
+-- its members in that family's two sets.
+local function slice_of(family, p, r, c, u)
+  if family == 'pool' then return '' end
+  if family == 'region' then return r .. '|' end
+  if family == 'kind' then return p .. '|' .. c .. '|' .. u .. '|' end
+  return p .. '|' .. r .. '|' .. c .. '|' .. u .. '|'
+end
+
+-- The member of expiry family `family` for a split locator, and its slice.
 local function member_in(family, p, r, c, u, e, id)
   local key = e .. '|' .. id
   if family == 'pool' then return key .. '\t' .. p .. '|' .. r .. '|' .. c .. '|' .. u, '' end
@@ -239,7 +313,7 @@ local function member_in(family, p, r, c, u, e, id)
   return slice .. key, slice
 end
 
--- The locator a member of `family` stands for (nil if it is not one).
+-- The locator a member of expiry family `family` stands for (nil if it is not one).
 local MEMBER = {
   pool = '^(%d+)|([^|%c]+)\t([^|]*)|([^|]*)|([^|]*)|([^|]*)$',
   region = '^([^|]*)|(%d+)|([^|%c]+)\t([^|]*)|([^|]*)|([^|]*)$',
@@ -266,8 +340,9 @@ local COMMAND = {'ZREM', 'HDEL', 'ZADD', 'HSET'}
 local STEP = {1, 1, 2, 2}
 local TYPE_OF = {'zset', 'hash', 'zset', 'hash'}
 
+-- `atoms`: combination -> net change of its indexed entries (index/unindex).
 local function new_writes()
-  return {lists = {{}, {}, {}, {}}, keys = {{}, {}, {}, {}}}
+  return {lists = {{}, {}, {}, {}}, keys = {{}, {}, {}, {}}, atoms = {}, atom_order = {}}
 end
 
 -- Adds one argument (or a pair: score and member, field and value) of `op` on `key`.
@@ -285,73 +360,183 @@ local function push(writes, op, key, a, b)
   if b ~= nil then list[#list + 1] = b end
 end
 
--- Takes an entry out of the four families (removing an absent member is a
--- no-op). `skip` names a family whose member the caller removes itself.
--- Its members in `usable` and `checked` are left behind: they are dropped
--- when they fall due, and a due member counts only while its locator is
--- still in the atom family (so a stale one never unindexes anything).
-local function unindex_parts(writes, p, r, c, u, e, id, skip)
+local function count_atom(writes, p, r, c, u, delta)
+  local atom = p .. '|' .. r .. '|' .. c .. '|' .. u
+  local n = writes.atoms[atom]
+  if n == nil then writes.atom_order[#writes.atom_order + 1] = atom end
+  writes.atoms[atom] = (n or 0) + delta
+end
+
+-- Takes an indexed entry (split locator, its D as 13 digits) out of the
+-- index. `skip` names an expiry family whose member the caller removes
+-- itself (by a range). Removing an absent member is a no-op.
+local function unindex_parts(writes, p, r, c, u, e, id, d13, skip)
   for _, family in ipairs(FAMILIES) do
     if family ~= skip then push(writes, 'zrem', K[family], (member_in(family, p, r, c, u, e, id))) end
   end
+  push(writes, 'zrem', K.live, p .. '|' .. r .. '|' .. c .. '|' .. u .. '|' .. e .. '|' .. id)
+  local tail = d13 .. '|' .. e .. '|' .. id
+  for family, dkey in pairs(DFAMILY) do
+    push(writes, 'zrem', K[dkey], slice_of(family, p, r, c, u) .. tail)
+  end
+  count_atom(writes, p, r, c, u, -1)
 end
 
-local function unindex(writes, loc, skip)
-  local p, r, c, u, e, id = split_locator(loc)
-  if p then unindex_parts(writes, p, r, c, u, e, id, skip) end
-end
-
--- Puts a live, indexed record into every index set, and rewrites its
--- members in the time sets (one may be left from an earlier indexing).
-local function index(writes, rec)
-  local loc = locator_of(rec)
-  local p, r, c, u, e, id = split_locator(loc)
+-- Puts a record into the index with deadline `d`; `was` is the D13 of the
+-- members its locator `loc` already has (nil if none): those move.
+local function index_parts(writes, p, r, c, u, e, id, d, was)
+  local loc = p .. '|' .. r .. '|' .. c .. '|' .. u .. '|' .. e .. '|' .. id
   for _, family in ipairs(FAMILIES) do
     push(writes, 'zadd', K[family], '0', (member_in(family, p, r, c, u, e, id)))
   end
-  if rec.usableUntil < rec.expiresAt then
-    push(writes, 'zadd', K.usable, rec.usableUntil, loc)
-  else
-    push(writes, 'zrem', K.usable, loc)
+  local d13 = pad13(d)
+  push(writes, 'zadd', K.live, d13, loc)
+  local tail = d13 .. '|' .. e .. '|' .. id
+  for family, dkey in pairs(DFAMILY) do
+    local slice = slice_of(family, p, r, c, u)
+    if was and was ~= d13 then push(writes, 'zrem', K[dkey], slice .. was .. '|' .. e .. '|' .. id) end
+    push(writes, 'zadd', K[dkey], '0', slice .. tail)
   end
-  push(writes, 'zadd', K.checked, rec.healthCheckedAt, loc)
-  push(writes, 'hset', K.kinds, p .. '|' .. c .. '|' .. u, '1')
+  if not was then count_atom(writes, p, r, c, u, 1) end
 end
 
--- Reads the members of `set` due by `bound` (a ZRANGEBYSCORE max), at most
--- `limit`. Returns the due entries still indexed (split locators, each
--- `{p, r, c, u, e, id, loc = ...}`), how many members were read (the caller
--- passes `{set, n}` to `apply`, which removes them), and whether more are due.
-local function due_members(set, bound, limit)
-  local list = redis.call('ZRANGEBYSCORE', set, '-inf', bound, 'LIMIT', 0, limit + 1)
-  local more = #list > limit
-  if more then list[#list] = nil end
-  local live = {}
-  for _, loc in ipairs(list) do
+-- A hint above an entry indexed now comes down to it, so extraction keeps
+-- first-expired, first-out (a slice without a hint is probed first anyway).
+-- `locs`: the locators this call indexes.
+local function lower_hints(writes, locs)
+  local lowest, fields = {}, {}
+  for _, loc in ipairs(locs) do
     local p, r, c, u, e, id = split_locator(loc)
-    if p and redis.call('ZSCORE', K.atom, loc) then
-      live[#live + 1] = {p, r, c, u, e, id, loc = loc}
+    local key = e .. '|' .. id
+    for _, family in ipairs({'region', 'kind', 'atom'}) do
+      local field = family .. ':' .. slice_of(family, p, r, c, u)
+      if lowest[field] == nil then fields[#fields + 1] = field end
+      if lowest[field] == nil or key < lowest[field] then lowest[field] = key end
     end
   end
-  return live, #list, more
+  for i = 1, #fields, CHUNK do
+    local part = {unpack(fields, i, math.min(i + CHUNK - 1, #fields))}
+    local old = redis.call('HMGET', K.hint, unpack(part))
+    for j, field in ipairs(part) do
+      if old[j] and lowest[field] < old[j] then push(writes, 'hset', K.hint, field, lowest[field]) end
+    end
+  end
 end
 
--- Applies the writes, then removes the first `n` members of each `{set, n}`
--- in `trims` (the due members `due_members` read). Nothing here can fail
--- once the key types are known (expect_types) and every argument list is
--- chunked.
-local function apply(writes, trims)
+-- The D (13 digits) the index holds `loc` at, or nil when it is not indexed.
+local function indexed_at(loc)
+  local score = redis.call('ZSCORE', K.live, loc)
+  if not score then return nil end
+  return pad13(tonumber(score))
+end
+
+-- The same for each of `locs` (false for none), by ZMSCORE in chunks.
+local function indexed_at_each(locs)
+  local out = {}
+  local asked, at = {}, {}
+  for i, loc in ipairs(locs) do
+    if loc then asked[#asked + 1] = loc; at[#asked] = i end
+  end
+  for i = 1, #asked, CHUNK do
+    local scores = redis.call('ZMSCORE', K.live, unpack(asked, i, math.min(i + CHUNK - 1, #asked)))
+    for j, score in ipairs(scores) do
+      if score then out[at[i + j - 1]] = pad13(tonumber(score)) end
+    end
+  end
+  return out
+end
+
+-- Moves a record's index entry from what it was (`old_loc` indexed at
+-- `was`, either may be nil) to what `rec` now is at `now`.
+local function reindex(writes, old_loc, was, rec, now)
+  local new_loc = indexable(rec, now) and locator_of(rec) or nil
+  if old_loc and was and old_loc ~= new_loc then
+    local p, r, c, u, e, id = split_locator(old_loc)
+    if p then unindex_parts(writes, p, r, c, u, e, id, was) end
+    was = nil
+  end
+  if new_loc then
+    local p, r, c, u, e, id = split_locator(new_loc)
+    index_parts(writes, p, r, c, u, e, id, deadline(rec), was)
+  end
+  return new_loc
+end
+
+-- The combination counts and the value counts under them, after the
+-- writes' net changes: reads them (before any write), then plans a HSET or
+-- HDEL of each. A combination that appears or empties moves its protocol,
+-- region, carrier, upstream and kind counts, and an emptied slice's hints
+-- go. Returns nil, or an error reply for a count that is not a number.
+local function plan_counts(writes)
+  local order = writes.atom_order
+  if #order == 0 then return nil end
+  local current = redis.call('HMGET', K.atoms, unpack(order))
+  local moved = {}     -- value key -> {field -> delta}
+  local function move(key, field, delta)
+    local m = moved[key]
+    if not m then m = {order = {}}; moved[key] = m end
+    if m[field] == nil then m.order[#m.order + 1] = field end
+    m[field] = (m[field] or 0) + delta
+  end
+  local gone = {}      -- hint fields to delete
+  for i, atom in ipairs(order) do
+    local was = tonumber(current[i] or '0')
+    if not was then return redis.error_reply('ERR damaged pool: a count is not a number') end
+    local now = was + writes.atoms[atom]
+    if now ~= was then
+      if now > 0 then push(writes, 'hset', K.atoms, atom, tostring(now)) else push(writes, 'hdel', K.atoms, atom) end
+      if (was > 0) ~= (now > 0) then
+        local delta = now > 0 and 1 or -1
+        local p, r, c, u = string.match(atom, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+        move(K.vp, p, delta); move(K.vr, r, delta); move(K.vc, c, delta); move(K.vu, u, delta)
+        move(K.kinds, p .. '|' .. c .. '|' .. u, delta)
+        if delta < 0 then gone[#gone + 1] = 'atom:' .. atom .. '|' end
+      end
+    end
+  end
+  for _, key in ipairs({K.vp, K.vr, K.vc, K.vu, K.kinds}) do
+    local m = moved[key]
+    if m then
+      local counts = redis.call('HMGET', key, unpack(m.order))
+      for i, field in ipairs(m.order) do
+        local was = tonumber(counts[i] or '0')
+        if not was then return redis.error_reply('ERR damaged pool: a count is not a number') end
+        local now = math.max(0, was + m[field])
+        if now > 0 then push(writes, 'hset', key, field, tostring(now)) else push(writes, 'hdel', key, field) end
+        if now == 0 and key == K.vr then gone[#gone + 1] = 'region:' .. field .. '|' end
+        if now == 0 and key == K.kinds then gone[#gone + 1] = 'kind:' .. field .. '|' end
+      end
+    end
+  end
+  if #gone == 0 then return nil end
+  local dead = {}
+  for _, field in ipairs(gone) do
+    dead[field] = true
+    push(writes, 'hdel', K.hint, field)
+  end
+  -- A hint this call would set for a slice it empties is not set.
+  local sets = writes.lists[PHASE.hset][K.hint]
+  if sets then
+    local kept = {}
+    for i = 1, #sets, 2 do
+      if not dead[sets[i]] then kept[#kept + 1] = sets[i]; kept[#kept + 1] = sets[i + 1] end
+    end
+    writes.lists[PHASE.hset][K.hint] = kept
+  end
+  return nil
+end
+
+-- Applies the writes. Nothing here can fail once the key types are known
+-- (expect_types) and every argument list is chunked.
+local function apply(writes)
   for phase = 1, 4 do
     local chunk = CHUNK - CHUNK % STEP[phase]
     for _, key in ipairs(writes.keys[phase]) do
       local args = writes.lists[phase][key]
-      for i = 1, #args, chunk do
+      for i = 1, #args, chunk do   -- (an emptied list sends nothing)
         redis.call(COMMAND[phase], key, unpack(args, i, math.min(i + chunk - 1, #args)))
       end
     end
-  end
-  for _, t in ipairs(trims or {}) do
-    if t[2] > 0 then redis.call('ZREMRANGEBYRANK', t[1], 0, t[2] - 1) end
   end
 end
 
@@ -370,6 +555,17 @@ local function expect_types(writes, known)
       return redis.error_reply('ERR damaged pool: a pool key has the wrong type')
     end
   end
+  return nil
+end
+
+-- Plans the counts, checks every key's type, applies: the end of every
+-- writing script. Returns nil, or the error reply that refused it.
+local function commit(writes, known)
+  local refused = plan_counts(writes)
+  if refused then return refused end
+  refused = expect_types(writes, known)
+  if refused then return refused end
+  apply(writes)
   return nil
 end
 

@@ -1,15 +1,17 @@
 #!lua
 -- upsert.lua: add proxies to the pool or refresh ones it already holds.
 --
--- KEYS[1..12]: the pool keys (prelude.lua)
--- ARGV[i]: one proxy per argument, JSON: {id, protocol, host, port, username?,
---          password?, region, carrier, upstream, expiresAt, usableUntil,
---          healthOk, healthCheckedAt} (times in ms)
--- Returns: the Redis clock (ms) the call ran at, then one status per ARGV,
+-- KEYS[1..20]: the pool keys (prelude.lua)
+-- ARGV[1]: the caller's pool policy "<maxHealthCheckAge ms>|<minRemainingTTL ms>"
+-- ARGV[2..]: one proxy per argument, JSON: {id, protocol, host, port,
+--          username?, password?, region, carrier, upstream, expiresAt,
+--          usableUntil, healthOk, healthCheckedAt} (times in ms)
+-- Returns: the Redis clock (ms) the call ran at, then one status per proxy,
 --          in order: "added", "refreshed",
 --          "extracted" (refused: a proxy handed to a client never comes back
 --          before the expiry it was handed out with) or "expired" (refused:
 --          usableUntil already passed).
+-- Errors: "POLICY <pool's policy>" when the pool records another policy.
 --
 -- A refresh replaces the proxy's details, expiry and health and keeps its
 -- ownership state. Index entries follow the record (prelude.lua); the hints
@@ -18,16 +20,17 @@
 -- it holds, so no key outlives the proxies it describes. An argument that is
 -- not a valid proxy fails the whole call before anything is written.
 
+local _, _, adopt = pool_policy(ARGV[1])
 local now = clock()
 
 local incoming, ids = {}, {}
-for i = 1, #ARGV do
+for i = 2, #ARGV do
   local ok, new = pcall(cjson.decode, ARGV[i])
   if not ok or type(new) ~= 'table' then return redis.error_reply('ERR upsert: argument ' .. i .. ' is not JSON') end
   new.status, new.epoch, new.active, new.reserved = 'AVAILABLE', 0, 0, 0
   if not well_formed(new) then return redis.error_reply('ERR upsert: argument ' .. i .. ' is not a valid proxy') end
-  incoming[i] = new
-  ids[i] = new.id
+  incoming[#incoming + 1] = new
+  ids[#ids + 1] = new.id
 end
 
 -- What the pool holds now; a damaged value counts as nothing (it is replaced).
@@ -68,48 +71,30 @@ for i, new in ipairs(incoming) do
   end
 end
 
--- Plan the writes from each proxy's state before and after this call.
-local writes = new_writes()
-local lowest = {}   -- hint field -> smallest "<expiry>|<id>" indexed by this call
+-- Plan the writes from each proxy's state before and after this call: the
+-- index entry it has now (read from the index itself), the one it gets.
+local changed, old_locs = {}, {}
 for id, before in pairs(first) do
+  changed[#changed + 1] = id
+  old_locs[#changed] = (before and before.status ~= 'EXTRACTED') and locator_of(before) or false
+end
+local was = indexed_at_each(old_locs)
+local writes = new_writes()
+local joined = {}   -- locators indexed by this call
+for i, id in ipairs(changed) do
   local after = current[id]
-  local old_loc = (before and indexed(before)) and locator_of(before) or nil
-  if indexed(after) then
-    local loc = locator_of(after)
-    if old_loc and old_loc ~= loc then unindex(writes, old_loc) end
-    if old_loc == loc and after.usableUntil == after.expiresAt then
-      push(writes, 'zrem', K.usable, loc)          -- its safety margin is gone
-    end
-    index(writes, after)
-    local p, r, c, u, e = split_locator(loc)
-    local key = e .. '|' .. id
-    for _, field in ipairs({'region:' .. r .. '|', 'kind:' .. p .. '|' .. c .. '|' .. u .. '|',
-                           'atom:' .. p .. '|' .. r .. '|' .. c .. '|' .. u .. '|'}) do
-      if lowest[field] == nil or key < lowest[field] then lowest[field] = key end
-    end
-  elseif old_loc then
-    unindex(writes, old_loc)
-  end
+  local loc = reindex(writes, old_locs[i] or nil, was[i], after, now)
+  if loc then joined[#joined + 1] = loc end
   push(writes, 'hset', K.proxies, id, details_json(after))
   push(writes, 'hset', K.state, id, state_json(after))
   push(writes, 'zadd', K.expiry, after.expiresAt, id)
 end
-
--- A hint above an entry indexed now must come down to it.
-local fields = {}
-for field in pairs(lowest) do fields[#fields + 1] = field end
-for i = 1, #fields, CHUNK do
-  local part = {unpack(fields, i, math.min(i + CHUNK - 1, #fields))}
-  local old = redis.call('HMGET', K.hint, unpack(part))
-  for j, field in ipairs(part) do
-    if old[j] and lowest[field] < old[j] then push(writes, 'hset', K.hint, field, lowest[field]) end
-  end
-end
+lower_hints(writes, joined)
 
 local life = lifetimes(KEYS)
-local refused = expect_types(writes)
+local refused = commit(writes)
 if refused then return refused end
-apply(writes)
+if adopt and latest > 0 then redis.call('SET', K.policy, ARGV[1]) end
 if latest > 0 then raise(KEYS, life, latest, writes) end
 table.insert(statuses, 1, now)
 return statuses

@@ -7,7 +7,7 @@ use ipnet::IpNet;
 use crate::aggregates::{AggregatesOptions, DatabaseUrl};
 use crate::distribution::Settings;
 use crate::extraction::Policy;
-use crate::pool::{Fulfillment, RedisOptions};
+use crate::pool::{Fulfillment, PoolPolicy, RedisOptions};
 use crate::security::{AuthSchemes, Rate, SourcePolicy, registry::parse_net};
 
 /// Hard upper bound for `PROXY_POOL_MAX_COUNT_PER_REQUEST` (the OpenAPI maximum).
@@ -144,6 +144,10 @@ impl Config {
             ca_file: self.redis_ca_file.clone(),
             replica_acks: self.replica_acks,
             replica_ack_timeout: self.replica_ack_timeout,
+            policy: PoolPolicy {
+                max_health_check_age: self.max_health_check_age,
+                min_remaining_ttl: self.min_remaining_ttl,
+            },
         }
     }
 
@@ -167,8 +171,6 @@ impl Config {
         Policy {
             max_count_per_request: self.max_count_per_request,
             default_fulfillment: self.default_fulfillment,
-            min_remaining_ttl: self.min_remaining_ttl,
-            max_health_check_age: self.max_health_check_age,
             reserve_for_gateway: self.reserve_for_gateway,
             idempotency_ttl: self.idempotency_ttl,
             usage_retention: self

@@ -5,7 +5,6 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
 use lambda_http::request::LambdaRequest;
 use lambda_http::{Adapter, Request, Service, service_fn};
@@ -14,7 +13,6 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::aggregates::Aggregates;
-use crate::config::Config;
 use crate::distribution::{App, handle};
 use crate::pool::{PoolError, RedisPool};
 use crate::scheduled;
@@ -87,19 +85,15 @@ impl From<FunctionError> for Diagnostic {
 pub struct Function {
     app: Arc<App>,
     pool: RedisPool,
-    min_remaining_ttl: Duration,
-    max_health_check_age: Duration,
     aggregates: Option<Aggregates>,
 }
 
 impl Function {
     /// Wraps the HTTP app and the pool it uses.
-    pub fn new(app: Arc<App>, pool: RedisPool, config: &Config) -> Self {
+    pub fn new(app: Arc<App>, pool: RedisPool) -> Self {
         Self {
             app,
             pool,
-            min_remaining_ttl: config.min_remaining_ttl,
-            max_health_check_age: config.max_health_check_age,
             aggregates: None,
         }
     }
@@ -145,14 +139,7 @@ impl Function {
 
     async fn health_check(&self, context: &Context) -> Result<Value, FunctionError> {
         let function = context.env_config.function_name.as_str();
-        match scheduled::run(
-            &self.pool,
-            self.min_remaining_ttl,
-            self.max_health_check_age,
-            self.aggregates.as_ref(),
-        )
-        .await
-        {
+        match scheduled::run(&self.pool, self.aggregates.as_ref()).await {
             Ok(report) => {
                 scheduled::emit(&scheduled::metric_lines(
                     &report,

@@ -28,7 +28,7 @@ async fn main() -> Result<(), Error> {
         startup::client_registry(&config, store, LocalRegistry::default(), &pool).await?;
     let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry);
     let app = Arc::new(App::new(config.settings(), pool.clone(), Arc::new(guard)));
-    let function = Arc::new(Function::new(app, pool, &config).with_aggregates(aggregates));
+    let function = Arc::new(Function::new(app, pool).with_aggregates(aggregates));
     lambda_runtime::run(service_fn(move |event| {
         let function = function.clone();
         async move { function.invoke(event).await }

@@ -17,10 +17,13 @@ use crate::pool::{PoolError, PruneReport, RedisPool};
 
 /// CloudWatch namespace of every metric the health check emits.
 pub const METRICS_NAMESPACE: &str = "ProxyPool";
-/// Expired proxies removed per prune script call.
-const PRUNE_BATCH: u32 = 500;
-/// Prune calls per run: bounds one run to 10 000 removals; the next run goes on.
-const PRUNE_MAX_BATCHES: u32 = 20;
+/// Entries each prune script call examines per sweep (a few milliseconds of
+/// Redis time per call, so other clients never wait long behind one).
+const PRUNE_BATCH: u32 = 128;
+/// Wall time one run may prune for (the function's timeout is 10 s): a
+/// stalled health checker's whole pool going stale at once is cleared by
+/// a few runs, and nothing waits for it meanwhile.
+const PRUNE_BUDGET: Duration = Duration::from_secs(4);
 /// EMF dimension value for an empty region (CloudWatch refuses empty values).
 const UNKNOWN: &str = "unknown";
 /// EMF `Function` dimension outside Lambda, where there is no function name.
@@ -59,8 +62,8 @@ pub struct InventoryLine {
     pub protocol: String,
     /// Region, "" when unknown.
     pub region: String,
-    /// Index entries with at least minRemainingTTL left, counted right after
-    /// the prune removed those past their safety margin or health age.
+    /// Index entries extraction could hand out now (deadline ahead, under
+    /// the pool policy), counted right after the prune.
     pub eligible: u64,
 }
 
@@ -69,17 +72,15 @@ pub struct InventoryLine {
 /// that error: a half-done check is not reported as a success.
 pub async fn run(
     pool: &RedisPool,
-    min_remaining_ttl: Duration,
-    max_health_check_age: Duration,
     aggregates: Option<&Aggregates>,
 ) -> Result<HealthCheckReport, PoolError> {
     let started = Instant::now();
     pool.ping().await?;
     pool.load_maintenance_scripts().await?;
     let pruned = pool
-        .prune_expired(PRUNE_BATCH, PRUNE_MAX_BATCHES, max_health_check_age)
+        .prune_expired(PRUNE_BATCH, u32::MAX, Some(PRUNE_BUDGET))
         .await?;
-    let inventory = pool.inventory(min_remaining_ttl).await?;
+    let inventory = pool.inventory().await?;
     let checked_at = inventory.at_ms;
     let held_by_workers = inventory.held;
 

@@ -394,8 +394,8 @@ async fn postgres_down_never_touches_extraction() {
         assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids().len(), 1);
     }
     close_hours(&h, 2).await;
-    let function = Function::new(h.app.clone(), h.pool.clone(), &h.config)
-        .with_aggregates(Some(aggregates(&pg.url())));
+    let function =
+        Function::new(h.app.clone(), h.pool.clone()).with_aggregates(Some(aggregates(&pg.url())));
     let event = json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
     let summary = function
         .invoke(LambdaEvent::new(event.clone(), Context::default()))

@@ -70,7 +70,7 @@ async fn ownership_lifecycle_with_fencing() {
     );
     assert_eq!(verdict(pool, ack("w1", 1, 0, 0)).await.0, Verdict::Ok);
     // Drained with Active = Reserved = 0: allocatable again (rule 2)...
-    let inventory = pool.inventory(Duration::from_secs(30)).await.unwrap();
+    let inventory = pool.inventory().await.unwrap();
     assert_eq!(inventory.held, 0);
     // ...and once ownership is cleared, the old holder is fenced off.
     assert_eq!(verdict(pool, release("w1", 1)).await, (Verdict::Ok, 2));
@@ -78,10 +78,7 @@ async fn ownership_lifecycle_with_fencing() {
     assert_eq!(verdict(pool, release("w1", 1)).await.0, Verdict::NotOwner);
     assert_eq!(verdict(pool, claim("p1", "w2")).await, (Verdict::Ok, 3));
     assert_eq!(verdict(pool, drain("w1", 2)).await.0, Verdict::NotOwner);
-    assert_eq!(
-        pool.inventory(Duration::from_secs(30)).await.unwrap().held,
-        1
-    );
+    assert_eq!(pool.inventory().await.unwrap().held, 1);
 }
 
 /// A DRAINED proxy (Active = Reserved = 0) can be extracted; once extracted,
@@ -228,12 +225,7 @@ async fn claims_and_extractions_never_overlap() {
     assert!(claimed.is_disjoint(&extracted));
     assert!(!claimed.is_empty() && !extracted.is_empty());
     assert!(claimed.len() + extracted.len() <= n);
-    let held = h
-        .pool
-        .inventory(Duration::from_secs(30))
-        .await
-        .unwrap()
-        .held;
+    let held = h.pool.inventory().await.unwrap().held;
     assert_eq!(held as usize, claimed.len());
 }
 
@@ -355,8 +347,13 @@ async fn an_index_emptied_and_filled_again_keeps_its_expiry() {
         keys::IX_REGION,
         keys::IX_KIND,
         keys::IX_ATOM,
-        keys::IX_USABLE,
-        keys::IX_CHECKED,
+        keys::IX_LIVE,
+        keys::IX_DREGION,
+        keys::IX_DKIND,
+        keys::IX_DATOM,
+        keys::IX_ATOMS,
+        keys::IX_KINDS,
+        keys::POLICY,
     ] {
         let at: i64 = redis::cmd("PEXPIRETIME")
             .arg(key)

@@ -860,8 +860,6 @@ async fn extract_one(pool: &RedisPool, request_id: &str) -> ExtractionOutcome {
         count: 1,
         fulfillment: Fulfillment::Partial,
         reserve: 0,
-        min_remaining_ttl: Duration::ZERO,
-        max_health_check_age: Duration::from_secs(3600),
         selection: Selection {
             protocols: &[],
             regions: &[],
@@ -871,6 +869,7 @@ async fn extract_one(pool: &RedisPool, request_id: &str) -> ExtractionOutcome {
         request_id,
         idempotency: None,
         usage: None,
+        rate: None,
     };
     pool.extract(&query).await.unwrap()
 }

@@ -165,7 +165,7 @@ async fn http_events_answer_as_documented_in_process() {
 #[tokio::test]
 async fn every_event_through_the_function() {
     let h = harness().await;
-    let function = Function::new(h.app.clone(), h.pool.clone(), &h.config);
+    let function = Function::new(h.app.clone(), h.pool.clone());
     for (file, expect) in expectations() {
         reset(&h).await;
         let text = std::fs::read_to_string(events_dir().join(&file)).unwrap();

@@ -477,10 +477,13 @@ async fn damaged_index_key_fails_before_writing() {
 async fn slice_hints_keep_fifo_and_hide_nothing() {
     const TWO_REGIONS: &str = r#"{"count":1,"filters":{"regions":["shanghai","beijing"]}}"#;
     let h = Harness::start().await;
-    let mut batch = proxies("h", 6);
+    let mut batch = proxies("h", 7);
     for p in batch.iter_mut().skip(3) {
         p.region = "beijing".into();
     }
+    // A third region, so that naming two restricts (naming every region
+    // the pool holds is no restriction, and plans no slices at all).
+    batch[6].region = "guangzhou".into();
     h.load(&batch).await;
     assert_eq!(h.extract(TWO_REGIONS, &[]).await.ids(), ["h-0000"]);
     let mut conn = h.redis().await;

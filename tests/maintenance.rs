@@ -14,9 +14,6 @@ use proxy_pool::pool::{PoolError, keys};
 use proxy_pool::scheduled;
 use serde_json::{Value, json};
 
-/// The default maxHealthCheckAge.
-const MAX_AGE: Duration = Duration::from_secs(120);
-
 const COMBINATION: &str = "http|shanghai|telecom|provider-a";
 
 /// Writes a proxy straight into Redis (see [`common::plant`]), as a damaged
@@ -81,7 +78,7 @@ async fn prune_removes_only_what_has_expired() {
         .await
         .unwrap();
 
-    let report = h.pool.prune_expired(500, 5, MAX_AGE).await.unwrap();
+    let report = h.pool.prune_expired(500, 5, None).await.unwrap();
     assert_eq!(
         report.records, 4,
         "gone-1, gone-2, gone-bj, tomb: {report:?}"
@@ -115,7 +112,7 @@ async fn prune_removes_only_what_has_expired() {
     assert_eq!(state.index.len(), 5, "{:?}", state.index);
 
     let before = h.snapshot().await;
-    let again = h.pool.prune_expired(500, 5, MAX_AGE).await.unwrap();
+    let again = h.pool.prune_expired(500, 5, None).await.unwrap();
     assert_eq!((again.records, again.index_entries), (0, 0));
     assert_eq!(h.snapshot().await, before);
 
@@ -141,12 +138,12 @@ async fn prune_is_bounded_per_call() {
         )
         .await;
     }
-    let first = h.pool.prune_expired(10, 2, MAX_AGE).await.unwrap();
+    let first = h.pool.prune_expired(10, 2, None).await.unwrap();
     assert_eq!(
         (first.batches, first.records, first.complete),
         (2, 20, false)
     );
-    let rest = h.pool.prune_expired(10, 10, MAX_AGE).await.unwrap();
+    let rest = h.pool.prune_expired(10, 10, None).await.unwrap();
     assert_eq!(rest.records, 5);
     assert!(rest.complete);
     assert_eq!(first.index_entries + rest.index_entries, 25);
@@ -160,10 +157,11 @@ async fn prune_is_bounded_per_call() {
     );
 }
 
-/// Per combination, inventory counts the index entries with at least
-/// minRemainingTTL left, the range extraction starts from; after a prune
-/// (which the scheduled check runs first) that is exactly what extraction
-/// could take.
+/// Per combination, inventory counts the index entries whose deadline is
+/// ahead: exactly what extraction could take, before and after a prune. A
+/// proxy that could never be taken (below the minimum remaining TTL, a stale
+/// health check) is never indexed; one whose deadline passes is counted as
+/// indexed, not eligible, until the prune removes it.
 #[tokio::test]
 async fn inventory_counts_what_extraction_could_take() {
     let h = Harness::start().await;
@@ -174,7 +172,9 @@ async fn inventory_counts_what_extraction_could_take() {
     short.usable_until = short.expires_at;
     let mut stale = proxy("stale");
     stale.health_checked_at = now - 3_600_000;
-    batch.extend([short, stale]);
+    let mut soon = proxy("soon");
+    soon.usable_until = now + 400; // its safety margin starts in 400 ms
+    batch.extend([short, stale, soon.clone()]);
     for i in 0..2 {
         let mut p = proxy(&format!("s{i}"));
         p.protocol = "socks5".into();
@@ -183,40 +183,49 @@ async fn inventory_counts_what_extraction_could_take() {
     }
     h.load(&batch).await;
 
-    let inventory = h.pool.inventory(Duration::from_secs(30)).await.unwrap();
+    let counts = |inventory: &proxy_pool::pool::Inventory| -> Vec<(String, u64, u64)> {
+        inventory
+            .buckets
+            .iter()
+            .map(|b| {
+                let name = format!("{}|{}|{}|{}", b.protocol, b.region, b.carrier, b.upstream);
+                (name, b.eligible, b.indexed)
+            })
+            .collect()
+    };
+    let inventory = h.pool.inventory().await.unwrap();
     assert!((inventory.at_ms - now).abs() < 60_000);
-    let counts: Vec<(String, u64, u64)> = inventory
-        .buckets
-        .iter()
-        .map(|b| {
-            let name = format!("{}|{}|{}|{}", b.protocol, b.region, b.carrier, b.upstream);
-            (name, b.eligible, b.indexed)
-        })
-        .collect();
-    // Before a prune the stale-health proxy is still counted.
     assert_eq!(
-        counts,
+        counts(&inventory),
         [
-            (COMBINATION.to_owned(), 4, 5),
+            (COMBINATION.to_owned(), 4, 4),
             ("socks5|beijing|telecom|provider-a".to_owned(), 2, 2),
         ]
     );
-    let pruned = h.pool.prune_expired(500, 5, MAX_AGE).await.unwrap();
-    assert_eq!((pruned.records, pruned.index_entries), (0, 1));
-    let inventory = h.pool.inventory(Duration::from_secs(30)).await.unwrap();
+    // The clock passes `soon`'s deadline: no longer eligible, still indexed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let inventory = h.pool.inventory().await.unwrap();
+    assert!(inventory.at_ms > soon.usable_until);
     assert_eq!(
         (inventory.buckets[0].eligible, inventory.buckets[0].indexed),
         (3, 4)
+    );
+    let pruned = h.pool.prune_expired(500, 5, None).await.unwrap();
+    assert_eq!((pruned.records, pruned.index_entries), (0, 1));
+    let inventory = h.pool.inventory().await.unwrap();
+    assert_eq!(
+        (inventory.buckets[0].eligible, inventory.buckets[0].indexed),
+        (3, 3)
     );
 
     let r = h
         .extract(r#"{"count":1,"filters":{"protocols":["http"]}}"#, &[])
         .await;
     assert_eq!(r.ids(), ["a-0000"]);
-    let after = h.pool.inventory(Duration::from_secs(30)).await.unwrap();
+    let after = h.pool.inventory().await.unwrap();
     assert_eq!(
         (after.buckets[0].eligible, after.buckets[0].indexed),
-        (2, 3)
+        (2, 2)
     );
 }
 
@@ -232,9 +241,7 @@ async fn scheduled_check_prunes_and_reports() {
     h.load(&[other]).await;
     plant_in(&h, "gone", "shanghai", now - 1_000, Planted::ALL).await;
 
-    let report = scheduled::run(&h.pool, h.config.min_remaining_ttl, MAX_AGE, None)
-        .await
-        .unwrap();
+    let report = scheduled::run(&h.pool, None).await.unwrap();
     assert!(report.ready);
     assert_eq!((report.pruned.records, report.pruned.index_entries), (1, 1));
     assert_eq!(report.eligible_total, 4);
@@ -276,12 +283,10 @@ async fn scheduled_check_prunes_and_reports() {
 async fn scheduled_check_fails_when_redis_is_down() {
     let mut h = Harness::with_config(|c| c.redis_timeout = Duration::from_millis(300)).await;
     h.redis.stop().await;
-    let err = scheduled::run(&h.pool, h.config.min_remaining_ttl, MAX_AGE, None)
-        .await
-        .unwrap_err();
+    let err = scheduled::run(&h.pool, None).await.unwrap_err();
     assert!(matches!(err, PoolError::Unavailable(_)), "{err}");
 
-    let function = Function::new(h.app.clone(), h.pool.clone(), &h.config);
+    let function = Function::new(h.app.clone(), h.pool.clone());
     let event = json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
     let err = function
         .invoke(LambdaEvent::new(event, Context::default()))

@@ -19,7 +19,7 @@ use proxy_pool::extraction::{ExtractRequest, Filters};
 use proxy_pool::local::RedisServer;
 use proxy_pool::pool::{
     ContractOp, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, NewProxy,
-    RedisPool, Selection,
+    PoolPolicy, RedisOptions, RedisPool, Selection,
 };
 
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
@@ -27,6 +27,11 @@ const CARRIERS: [&str; 3] = ["telecom", "unicom", "mobile"];
 const UPSTREAMS: [&str; 3] = ["provider-a", "provider-b", "provider-c"];
 const MIN_TTL: Duration = Duration::from_millis(1000);
 const MAX_HEALTH_AGE: Duration = Duration::from_millis(1500);
+/// The pool policy of every run (and the Workers' claims use the same rules).
+const POLICY: PoolPolicy = PoolPolicy {
+    max_health_check_age: MAX_HEALTH_AGE,
+    min_remaining_ttl: MIN_TTL,
+};
 
 /// The pool shape a run draws from: how many ids, regions, carriers and
 /// upstreams, how large a load, a request and a reserve can be.
@@ -322,8 +327,6 @@ async fn step(
                 count: *count,
                 fulfillment,
                 reserve: *reserve,
-                min_remaining_ttl: MIN_TTL,
-                max_health_check_age: MAX_HEALTH_AGE,
                 selection: Selection {
                     protocols: &filters.protocols,
                     regions: &filters.regions,
@@ -337,6 +340,7 @@ async fn step(
                     ttl: Duration::from_secs(600),
                 }),
                 usage: None,
+                rate: None,
             };
             let real = pool.extract(&query).await.unwrap();
             let now = match &real {
@@ -344,7 +348,8 @@ async fn step(
                 ExtractionOutcome::Insufficient { at_ms, .. } => *at_ms,
                 ExtractionOutcome::Replayed(_)
                 | ExtractionOutcome::KeyReused
-                | ExtractionOutcome::NotReplicated { .. } => 0,
+                | ExtractionOutcome::NotReplicated { .. }
+                | ExtractionOutcome::TooBroad { .. } => 0,
             };
             prop_assert_eq!(real, model.extract(&query, now), "step {}: {:?}", n, op);
         }
@@ -408,7 +413,9 @@ async fn step(
             prop_assert_eq!(real, model.apply(&op, real.at_ms), "step {}: {:?}", n, op);
         }
     }
-    let state = pool_state(pool).await.unwrap();
+    let state = pool_state(pool)
+        .await
+        .map_err(|e| TestCaseError::fail(format!("after step {n}: {op:?}: {e}")))?;
     prop_assert_eq!(&state, &model.state(), "state after step {}: {:?}", n, op);
     Ok(())
 }
@@ -421,8 +428,12 @@ fn check(shape: Shape, cases: u32, ops: std::ops::Range<usize>) -> usize {
         .block_on(RedisServer::start())
         .expect("redis-server must be installed");
     // The connection manager spawns onto the runtime it is created in.
+    let options = RedisOptions {
+        policy: POLICY,
+        ..RedisOptions::single(Duration::from_secs(5))
+    };
     let pool = rt
-        .block_on(async { RedisPool::new(&redis.url(), Duration::from_secs(5)) })
+        .block_on(async { RedisPool::with_options(&redis.url(), &options) })
         .unwrap();
     let mut runner = TestRunner::new(Config {
         cases,
@@ -435,7 +446,7 @@ fn check(shape: Shape, cases: u32, ops: std::ops::Range<usize>) -> usize {
         rt.block_on(async {
             let mut conn = pool.connection();
             let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
-            let mut model = MemoryPool::new();
+            let mut model = MemoryPool::new(POLICY);
             for (n, op) in ops.iter().enumerate() {
                 step(&pool, &mut model, op, n).await?;
             }

@@ -147,11 +147,13 @@ async fn thousands_of_combinations_cost_what_eighteen_do() {
         work.push((27 * cities, row));
     }
     // The same shapes cost the same number of Redis commands at 2,700 and at
-    // 10,800 combinations (a handful, never one per combination).
+    // 10,800 combinations (a few dozen, never one per combination: the most
+    // is the first city + carrier call, which probes each of its 9
+    // combinations once before they have hints).
     eprintln!("Redis commands per extraction (combinations, per shape, twice each): {work:?}");
     let (small, large) = (&work[0].1, &work[1].1);
     for (i, (a, b)) in small.iter().zip(large).enumerate() {
-        assert!(*b <= 40, "shape {i}: {b} commands at 10,800 combinations");
+        assert!(*b <= 64, "shape {i}: {b} commands at 10,800 combinations");
         assert!(b.abs_diff(*a) <= 6, "shape {i}: {a} vs {b} commands");
     }
 }
@@ -236,7 +238,7 @@ async fn a_reserve_of_thousands_is_exact() {
     expiries.sort_unstable();
     let kept_min = state
         .index
-        .iter()
+        .keys()
         .map(|l| l.split('|').nth(4).unwrap().parse::<i64>().unwrap())
         .min()
         .unwrap();

@@ -14,7 +14,7 @@ use crate::extraction::{
     ExtractRequest, ExtractionService, Filters, IdempotencyKey, Policy, ServiceError,
 };
 use crate::httpapi::{InvalidParam, Problem, RequestId, json_response, to_json};
-use crate::pool::{ExtractionOutcome, PoolError, RedisPool};
+use crate::pool::{ExtractionOutcome, OutageClass, PoolError, RedisPool};
 use crate::security::{Identity, IdentityResolver, Rate, RateLimiter, Refusal, Unresolved};
 
 /// The extraction endpoint.
@@ -247,7 +247,13 @@ async fn admitted(
 
     let outcome = app
         .service
-        .extract(identity, &decoded, key.as_ref(), request_id.as_str())
+        .extract(
+            identity,
+            &decoded,
+            key.as_ref(),
+            request_id.as_str(),
+            app.limiter.charge_for(identity),
+        )
         .await
         .map_err(|e| match e {
             ServiceError::Rejected(problem) => problem,
@@ -281,7 +287,41 @@ async fn admitted(
             log.returned = Some(0);
             Err(Problem::insufficient_proxies(decoded.count, available))
         }
+        ExtractionOutcome::TooBroad {
+            slices,
+            most,
+            dimensions,
+        } => Err(Problem::filters_too_broad(
+            slices,
+            most,
+            too_broad_params(&dimensions),
+        )),
     }
+}
+
+/// The filters a too-broad plan multiplied, each with what it named.
+fn too_broad_params(dimensions: &[(String, u64)]) -> Vec<InvalidParam> {
+    let named: Vec<String> = dimensions
+        .iter()
+        .map(|(name, n)| format!("{n} {name}"))
+        .collect();
+    dimensions
+        .iter()
+        .map(|(name, n)| {
+            let field = if name == "upstreams" {
+                "filters.allowedUpstreams".to_owned()
+            } else {
+                format!("filters.{name}")
+            };
+            InvalidParam::new(
+                field,
+                format!(
+                    "{n} of its values are in the pool; with the other filters ({}) that is too many combinations for one request",
+                    named.join(" x ")
+                ),
+            )
+        })
+        .collect()
 }
 
 /// The one place a pool failure becomes an answer: a 503 (retry later) or a
@@ -289,6 +329,10 @@ async fn admitted(
 /// is logged here.
 fn pool_problem(e: PoolError) -> Problem {
     match e {
+        PoolError::Unavailable(outage) if outage.class == OutageClass::Policy => {
+            tracing::error!(class = outage.class.as_str(), error = %outage, "pool policy mismatch");
+            Problem::pool_policy_mismatch(outage.detail)
+        }
         PoolError::Unavailable(outage) => {
             tracing::warn!(class = outage.class.as_str(), error = %outage, "pool unavailable");
             Problem::unavailable("the proxy pool is unavailable, retry later")

@@ -193,7 +193,7 @@ fn decode_filters(object: &Map<String, Value>, faults: &mut Faults) -> Filters {
         "filters.",
         faults,
     );
-    let mut list = |name: &str, allowed: Option<&[&str]>| -> Vec<String> {
+    let mut list = |name: &str, allowed: Option<&[&str]>, unknown_allowed: bool| -> Vec<String> {
         let field = format!("filters.{name}");
         let values = match object.get(name) {
             None => return Vec::new(),
@@ -229,14 +229,15 @@ fn decode_filters(object: &Map<String, Value>, faults: &mut Faults) -> Filters {
                     ));
                     continue;
                 }
-            } else if s.is_empty()
+            } else if (s.is_empty() && !unknown_allowed)
                 || s.len() > MAX_FILTER_VALUE_LEN
                 || s.chars().any(char::is_control)
             {
+                let least = if unknown_allowed { 0 } else { 1 };
                 faults.rules.push(InvalidParam::new(
                     item,
                     format!(
-                        "must be 1 to {MAX_FILTER_VALUE_LEN} characters without control characters"
+                        "must be {least} to {MAX_FILTER_VALUE_LEN} characters without control characters"
                     ),
                 ));
                 continue;
@@ -252,11 +253,17 @@ fn decode_filters(object: &Map<String, Value>, faults: &mut Faults) -> Filters {
         out.sort();
         out
     };
+    // "" is the region or carrier the pool records as unknown, so it is a
+    // value a request may ask for; every upstream has a name.
     Filters {
-        protocols: list("protocols", Some(&Protocol::ALL.map(Protocol::as_str))),
-        regions: list("regions", None),
-        carriers: list("carriers", None),
-        allowed_upstreams: list("allowedUpstreams", None),
+        protocols: list(
+            "protocols",
+            Some(&Protocol::ALL.map(Protocol::as_str)),
+            false,
+        ),
+        regions: list("regions", None, true),
+        carriers: list("carriers", None, true),
+        allowed_upstreams: list("allowedUpstreams", None, false),
     }
 }
 
@@ -308,7 +315,12 @@ mod tests {
             (r#"{"count":1,"fulfillment":"most"}"#, 422),
             (r#"{"count":1,"filters":{"protocols":["ftp"]}}"#, 422),
             (r#"{"count":1,"filters":{"regions":["a","a"]}}"#, 422),
-            (r#"{"count":1,"filters":{"regions":[""]}}"#, 422),
+            (r#"{"count":1,"filters":{"allowedUpstreams":[""]}}"#, 422),
+            // The pool's "unknown" region and carrier.
+            (
+                r#"{"count":1,"filters":{"regions":[""],"carriers":[""]}}"#,
+                200,
+            ),
             (
                 r#"{"count":100,"filters":{"regions":[],"carriers":[]}}"#,
                 200,

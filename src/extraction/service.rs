@@ -5,8 +5,8 @@ use lambda_http::http::HeaderMap;
 use super::ExtractRequest;
 use crate::httpapi::{InvalidParam, Problem};
 use crate::pool::{
-    ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, PoolError, RedisPool,
-    Selection, UsageScope, keys,
+    ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, PoolError, RateCharge,
+    RedisPool, Selection, UsageScope, keys,
 };
 use crate::security::Identity;
 
@@ -46,17 +46,14 @@ impl IdempotencyKey {
     }
 }
 
-/// The server-side rules every extraction runs under.
+/// The server-side rules every extraction runs under (the time rules,
+/// shared by every deployment on one pool, are the pool's: `PoolPolicy`).
 #[derive(Debug, Clone)]
 pub struct Policy {
     /// `maxCountPerRequest`.
     pub max_count_per_request: u32,
     /// Used when the request names no fulfillment.
     pub default_fulfillment: Fulfillment,
-    /// A proxy handed out lives at least this long.
-    pub min_remaining_ttl: std::time::Duration,
-    /// Oldest acceptable successful health check.
-    pub max_health_check_age: std::time::Duration,
     /// Eligible proxies (per request's filters) always left for the Gateway.
     pub reserve_for_gateway: u32,
     /// How long an `Idempotency-Key` can replay its extraction.
@@ -115,6 +112,7 @@ impl ExtractionService {
         request: &ExtractRequest,
         key: Option<&IdempotencyKey>,
         request_id: &str,
+        rate: Option<RateCharge>,
     ) -> Result<ExtractionOutcome, ServiceError> {
         let upstreams = self.upstreams(identity, &request.filters.allowed_upstreams)?;
         let fulfillment = request
@@ -124,8 +122,6 @@ impl ExtractionService {
             count: request.count,
             fulfillment,
             reserve: self.policy.reserve_for_gateway,
-            min_remaining_ttl: self.policy.min_remaining_ttl,
-            max_health_check_age: self.policy.max_health_check_age,
             selection: Selection {
                 protocols: &request.filters.protocols,
                 regions: &request.filters.regions,
@@ -146,6 +142,7 @@ impl ExtractionService {
             usage: self.policy.usage_retention.and_then(|retention| {
                 UsageScope::new(usage_client(identity), retention, crate::clock::now_ms())
             }),
+            rate,
         };
         Ok(self.pool.extract(&query).await?)
     }

@@ -23,6 +23,7 @@ use tokio::sync::OnceCell;
 
 use super::error::PoolError;
 use super::keys;
+use super::policy::PoolPolicy;
 
 /// How to reach Redis: everything [`super::RedisPool`] needs besides the URL.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,10 +42,14 @@ pub struct RedisOptions {
     pub replica_acks: u32,
     /// How long `WAIT` may wait for them.
     pub replica_ack_timeout: Duration,
+    /// The pool policy this deployment runs under; every script checks it
+    /// against the one the pool records.
+    pub policy: PoolPolicy,
 }
 
 impl RedisOptions {
-    /// A single server, no replica acknowledgement, system roots.
+    /// A single server, no replica acknowledgement, system roots, the
+    /// default pool policy.
     pub fn single(timeout: Duration) -> Self {
         Self {
             timeout,
@@ -52,6 +57,7 @@ impl RedisOptions {
             ca_file: None,
             replica_acks: 0,
             replica_ack_timeout: Duration::ZERO,
+            policy: PoolPolicy::default(),
         }
     }
 }

@@ -203,7 +203,7 @@ impl ContractOp {
 impl RedisPool {
     /// Applies one contract operation atomically.
     pub async fn apply(&self, op: &ContractOp) -> Result<ContractReply, PoolError> {
-        let mut inv = scripts::with_pool_keys(&scripts::CONTRACT);
+        let mut inv = scripts::with_pool_keys(&scripts::CONTRACT, &self.policy());
         for arg in op.args() {
             inv.arg(arg);
         }

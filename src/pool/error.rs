@@ -4,6 +4,8 @@ use std::fmt;
 
 use redis::{ErrorKind, RedisError};
 
+use super::policy::PoolPolicy;
+
 /// Why the pool could not answer. Messages carry Redis error kinds and codes,
 /// never Redis error text, secrets or topology.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +77,9 @@ pub enum OutageClass {
     Persistence,
     /// The server is older than the scripts need.
     Version,
+    /// The pool records another policy than this deployment's (`POLICY`):
+    /// a configuration to fix, not an outage to wait out.
+    Policy,
 }
 
 impl OutageClass {
@@ -91,6 +96,7 @@ impl OutageClass {
             Self::Replication => "replication",
             Self::Persistence => "persistence",
             Self::Version => "version",
+            Self::Policy => "policy",
         }
     }
 }
@@ -117,6 +123,7 @@ pub(crate) fn outage_class(e: &RedisError) -> Option<OutageClass> {
         }
         "NOREPLICAS" => OutageClass::Replication,
         "MISCONF" => OutageClass::Persistence,
+        "POLICY" => OutageClass::Policy,
         "ERR"
             if e.detail()
                 .is_some_and(|d| d.starts_with("max number of clients")) =>
@@ -139,6 +146,18 @@ pub(crate) fn refused_before_running(e: &RedisError) -> bool {
 
 impl From<RedisError> for PoolError {
     fn from(e: RedisError) -> Self {
+        if e.code() == Some("POLICY") {
+            // The script names the pool's policy; only its parsed numbers
+            // are kept.
+            let recorded = e
+                .detail()
+                .and_then(|d| d.split_whitespace().next())
+                .and_then(PoolPolicy::parse_script_arg);
+            return Self::unavailable(
+                OutageClass::Policy,
+                recorded.map_or_else(|| "another one".into(), |p| p.to_string()),
+            );
+        }
         let what = match e.code() {
             Some(code) => format!("{:?} {code}", e.kind()),
             None => format!("{:?}", e.kind()),
@@ -194,6 +213,18 @@ mod tests {
             assert_eq!(e.outage_class(), Some(class), "{code}");
             assert!(!e.to_string().contains(detail), "{e}");
         }
+        let policy = PoolError::from(server(
+            "POLICY",
+            "120000|30000 script: 8a64de, on @user_script:1.",
+        ));
+        assert_eq!(policy.outage_class(), Some(OutageClass::Policy));
+        assert!(
+            policy
+                .to_string()
+                .ends_with("maxHealthCheckAge 120 s, minRemainingTTL 30 s"),
+            "{policy}"
+        );
+        assert!(!policy.to_string().contains("script"), "{policy}");
         let wrong_type = PoolError::from(server("WRONGTYPE", "Operation against a key"));
         assert!(matches!(wrong_type, PoolError::Internal(_)));
     }

@@ -31,29 +31,66 @@ pub const STATE_FIELDS: [&str; 3] = ["safetyMarginSeconds", "healthCheckedAt", "
 pub const EXPIRY: &str = "{pp}:expiry";
 /// `HASH` proxy id -> Worker id, for proxies CLAIMED or DRAINING.
 pub const HELD: &str = "{pp}:held";
-/// Index family `pool` (lex `ZSET`): every indexed proxy, in expiry order.
+/// Expiry family `pool` (lex `ZSET`): every indexed proxy, in expiry order.
 pub const IX_POOL: &str = "{pp}:ix:pool";
-/// Index family `region` (lex `ZSET`): one slice per region.
+/// Expiry family `region` (lex `ZSET`): one slice per region.
 pub const IX_REGION: &str = "{pp}:ix:region";
-/// Index family `kind` (lex `ZSET`): one slice per (protocol, carrier, upstream).
+/// Expiry family `kind` (lex `ZSET`): one slice per (protocol, carrier, upstream).
 pub const IX_KIND: &str = "{pp}:ix:kind";
-/// Index family `atom` (lex `ZSET`): one slice per (protocol, region, carrier,
+/// Expiry family `atom` (lex `ZSET`): one slice per (protocol, region, carrier,
 /// upstream); its members are the entries' locators.
 pub const IX_ATOM: &str = "{pp}:ix:atom";
-/// `ZSET` usableUntil -> locator, for indexed proxies with a safety margin.
-pub const IX_USABLE: &str = "{pp}:ix:usable";
-/// `ZSET` healthCheckedAt -> locator, for every indexed proxy.
-pub const IX_CHECKED: &str = "{pp}:ix:checked";
+/// `ZSET` locator -> deadline (the instant the entry stops being eligible):
+/// the index itself, every indexed proxy once.
+pub const IX_LIVE: &str = "{pp}:ix:live";
+/// Deadline family `region` (lex `ZSET`): one slice per region, by deadline.
+pub const IX_DREGION: &str = "{pp}:ix:dregion";
+/// Deadline family `kind` (lex `ZSET`): one slice per kind, by deadline.
+pub const IX_DKIND: &str = "{pp}:ix:dkind";
+/// Deadline family `atom` (lex `ZSET`): one slice per combination, by deadline.
+pub const IX_DATOM: &str = "{pp}:ix:datom";
 /// `HASH` `"<family>:<slice>"` -> lower bound of the slice's first entry: the
 /// order in which a many-slice extraction probes, never what it may take.
+/// Only slices that hold entries have one.
 pub const IX_HINT: &str = "{pp}:ix:hint";
-/// `HASH` `"<protocol>|<carrier>|<upstream>"` -> `"1"`: every kind ever indexed.
+/// `HASH` `"<protocol>|<region>|<carrier>|<upstream>"` -> indexed entries.
+pub const IX_ATOMS: &str = "{pp}:ix:atoms";
+/// `HASH` protocol -> combinations in the index with it.
+pub const IX_PROTOCOLS: &str = "{pp}:ix:vp";
+/// `HASH` region -> combinations in the index with it.
+pub const IX_REGIONS: &str = "{pp}:ix:vr";
+/// `HASH` carrier -> combinations in the index with it.
+pub const IX_CARRIERS: &str = "{pp}:ix:vc";
+/// `HASH` upstream -> combinations in the index with it.
+pub const IX_UPSTREAMS: &str = "{pp}:ix:vu";
+/// `HASH` `"<protocol>|<carrier>|<upstream>"` -> combinations of that kind.
 pub const IX_KINDS: &str = "{pp}:ix:kinds";
+/// `STRING` `"<maxHealthCheckAge ms>|<minRemainingTTL ms>"`: the pool's
+/// policy, recorded by the first write and kept while the pool holds anything.
+pub const POLICY: &str = "{pp}:policy";
 
 /// The keys every pool script takes first, in the order `lua/prelude.lua` names them.
-pub const POOL: [&str; 12] = [
-    PROXIES, STATE, EXPIRY, HELD, IX_POOL, IX_REGION, IX_KIND, IX_ATOM, IX_USABLE, IX_CHECKED,
-    IX_HINT, IX_KINDS,
+pub const POOL: [&str; 20] = [
+    PROXIES,
+    STATE,
+    EXPIRY,
+    HELD,
+    IX_POOL,
+    IX_REGION,
+    IX_KIND,
+    IX_ATOM,
+    IX_LIVE,
+    IX_DREGION,
+    IX_DKIND,
+    IX_DATOM,
+    IX_HINT,
+    IX_ATOMS,
+    IX_PROTOCOLS,
+    IX_REGIONS,
+    IX_CARRIERS,
+    IX_UPSTREAMS,
+    IX_KINDS,
+    POLICY,
 ];
 
 /// `HASH` hour (Unix s of its start) -> `"<calls> <proxies>"`: closed hours

@@ -2,7 +2,7 @@
 //! (`lua/prune.lua`) and counting the inventory extraction could draw from
 //! (`lua/inventory.lua`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -45,11 +45,10 @@ pub struct BucketInventory {
     pub carrier: String,
     /// Upstream provider.
     pub upstream: String,
-    /// Index entries with at least minRemainingTTL left: what extraction
-    /// could hand out, once the entries past their safety margin or health
-    /// age are pruned (the scheduled health check prunes first).
+    /// Index entries whose deadline is ahead: exactly what extraction could
+    /// hand out now under the pool policy.
     pub eligible: u64,
-    /// All index entries of the combination.
+    /// All index entries of the combination (spent ones too, until pruned).
     pub indexed: u64,
 }
 
@@ -77,32 +76,35 @@ impl RedisPool {
         .await
     }
 
-    /// Removes proxies whose TTL life is over, and index entries that can
-    /// no longer be handed out (past their safety margin, or with a health
-    /// check older than `max_health_check_age`), `batch` entries per sweep
-    /// per script call (clamped to 1..=[`MAX_PRUNE_BATCH`]) and at most
-    /// `max_batches` calls, so one run stays bounded however much is due.
+    /// Removes proxies whose TTL life is over, and index entries past their
+    /// deadline (expired, past their margin or minRemainingTTL, or with a
+    /// health check older than the pool policy allows), `batch` entries per
+    /// sweep per script call (clamped to 1..=[`MAX_PRUNE_BATCH`]), until
+    /// done, `max_batches` calls or (if given) `budget` of wall time, so one
+    /// run stays bounded however much is due. Nothing waits for it: counts
+    /// and walks leave spent entries out.
     pub async fn prune_expired(
         &self,
         batch: u32,
         max_batches: u32,
-        max_health_check_age: Duration,
+        budget: Option<Duration>,
     ) -> Result<PruneReport, PoolError> {
+        let started = Instant::now();
         let batch = batch.clamp(1, MAX_PRUNE_BATCH);
         let mut report = PruneReport {
             complete: true,
             ..PruneReport::default()
         };
         while report.batches < max_batches {
-            let mut inv = scripts::with_pool_keys(&scripts::PRUNE);
-            inv.arg(batch).arg(max_health_check_age.as_millis() as u64);
+            let mut inv = scripts::with_pool_keys(&scripts::PRUNE, &self.policy());
+            inv.arg(batch);
             // Repeating a prune after a dropped connection removes nothing twice.
             let (records, index_entries, more): (u64, u64, u8) = self.invoke(&inv, true).await?;
             report.batches += 1;
             report.records += records;
             report.index_entries += index_entries;
             report.complete = more == 0;
-            if report.complete {
+            if report.complete || budget.is_some_and(|b| started.elapsed() >= b) {
                 break;
             }
         }
@@ -110,16 +112,15 @@ impl RedisPool {
     }
 
     /// Counts, per combination, the index entries extraction could draw
-    /// from now: one script call per page of combinations.
-    pub async fn inventory(&self, min_remaining_ttl: Duration) -> Result<Inventory, PoolError> {
+    /// from now under the pool policy: one script call per page of
+    /// combinations.
+    pub async fn inventory(&self) -> Result<Inventory, PoolError> {
         let mut buckets = Vec::new();
         // A position in the index (raw bytes: it may end in 0xFF).
         let mut cursor: Vec<u8> = Vec::new();
         loop {
-            let mut inv = scripts::with_pool_keys(&scripts::INVENTORY);
-            inv.arg(min_remaining_ttl.as_millis() as u64)
-                .arg(&cursor)
-                .arg(INVENTORY_PAGE);
+            let mut inv = scripts::with_pool_keys(&scripts::INVENTORY, &self.policy());
+            inv.arg(&cursor).arg(INVENTORY_PAGE);
             let (at_ms, rows, held, next): InventoryPage = self.invoke(&inv, true).await?;
             for (combination, eligible, indexed) in rows {
                 let mut parts = combination.split('|');

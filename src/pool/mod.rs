@@ -12,10 +12,11 @@
 //!
 //! Each proxy is its details (`{pp}:proxies`, deleted once handed out) and
 //! its state (`{pp}:state`, a tombstone once extracted); every allocatable,
-//! healthy proxy is in the index: four families of lexicographic slices
-//! (`{pp}:ix:pool`, `region`, `kind`, `atom`) and two time sets (`usable`,
-//! `checked`). `lua/prelude.lua` and the README's data model describe it in
-//! full. (The in-memory reference model lives with the tests, in
+//! healthy proxy is in the index: `{pp}:ix:live` (locator -> deadline under
+//! the pool policy, `policy`), three families of lexicographic slices by
+//! deadline (exact counts) and four by expiry (first-expired, first-out),
+//! and the counts of what exists (so a plan never follows what a request
+//! names). `lua/prelude.lua` and docs/data-model.md describe it in full. (The in-memory reference model lives with the tests, in
 //! `tests/common/model.rs`.)
 
 mod acknowledger;
@@ -26,6 +27,7 @@ mod error;
 pub mod keys;
 mod maintenance;
 mod new_proxy;
+mod policy;
 mod query;
 mod redis_pool;
 mod scripts;
@@ -37,9 +39,10 @@ pub use contract::{ContractOp, ContractReply, Verdict};
 pub use error::{Outage, OutageClass, PoolError};
 pub use maintenance::{BucketInventory, Inventory, MAX_PRUNE_BATCH, PruneReport};
 pub use new_proxy::{LineError, NewProxy, UpsertStatus};
+pub use policy::PoolPolicy;
 pub use query::{
     CommittedExtraction, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope,
-    PooledProxy, Protocol, Selection,
+    PooledProxy, Protocol, RateCharge, Selection,
 };
 pub use redis_pool::{
     Admission, CREDENTIAL_REREAD_EVERY, CredentialSource, Limit, LimitState, RedisPool,

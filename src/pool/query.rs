@@ -100,7 +100,18 @@ pub struct IdempotencyScope {
     pub ttl: Duration,
 }
 
-/// Everything `lua/extract.lua` needs for one extraction.
+/// The client's rate limit, charged for the work a call costs beyond its
+/// first unit (`lua/extract.lua`, step 8).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateCharge {
+    /// The limit's Redis key ([`keys::rate_client`](super::keys::rate_client)).
+    pub key: String,
+    /// Its emission interval: milliseconds per request at the sustained rate.
+    pub interval_ms: f64,
+}
+
+/// Everything `lua/extract.lua` needs for one extraction (the time rules
+/// are the pool policy's: see [`PoolPolicy`](super::PoolPolicy)).
 #[derive(Debug, Clone)]
 pub struct ExtractionQuery<'a> {
     /// Proxies asked for.
@@ -109,10 +120,6 @@ pub struct ExtractionQuery<'a> {
     pub fulfillment: Fulfillment,
     /// Eligible proxies to leave for the Gateway.
     pub reserve: u32,
-    /// Minimum remaining life of a proxy handed out.
-    pub min_remaining_ttl: Duration,
-    /// Oldest acceptable health check.
-    pub max_health_check_age: Duration,
     /// Which proxies match.
     pub selection: Selection<'a>,
     /// Copied into the committed result.
@@ -121,6 +128,8 @@ pub struct ExtractionQuery<'a> {
     pub idempotency: Option<IdempotencyScope>,
     /// Present when the outcome is counted in the hourly usage counters.
     pub usage: Option<UsageScope>,
+    /// Present when the client has a rate limit to charge costly calls to.
+    pub rate: Option<RateCharge>,
 }
 
 /// The script's verdict.
@@ -138,6 +147,17 @@ pub enum ExtractionOutcome {
         available: u64,
         /// The Redis clock it was decided at, Unix ms.
         at_ms: i64,
+    },
+    /// Refused before anything was read past the plan: the filters name
+    /// more slices of existing values than one call may search.
+    TooBroad {
+        /// Slices (combinations, or kinds) the filters name among what exists.
+        slices: u64,
+        /// The most one call searches.
+        most: u64,
+        /// The restricting dimensions (`regions`, `carriers`, ...) and how
+        /// many existing values each names, in the order of the filters.
+        dimensions: Vec<(String, u64)>,
     },
     /// Committed (or replayed) on the primary, but fewer replicas than
     /// configured acknowledged it in time: not to be handed to the client,

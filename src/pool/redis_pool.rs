@@ -16,6 +16,7 @@ use super::connection::{PoolConnection, RedisOptions};
 use super::error::{OutageClass, PoolError, refused_before_running};
 use super::keys;
 use super::new_proxy::{NewProxy, UpsertStatus};
+use super::policy::PoolPolicy;
 use super::query::{CommittedExtraction, ExtractionOutcome, ExtractionQuery};
 use super::scripts;
 
@@ -56,6 +57,23 @@ struct ScriptFilters<'a> {
 
 fn restricting(list: &[String]) -> Option<&[String]> {
     (!list.is_empty()).then_some(list)
+}
+
+/// The request `lua/extract.lua` takes as its second argument.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ScriptRequest<'a> {
+    count: u32,
+    fulfillment: &'static str,
+    reserve: u32,
+    filters: ScriptFilters<'a>,
+    request_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    idem: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate: Option<serde_json::Value>,
 }
 
 /// Where a fresh Redis URL comes from when Redis refuses the current
@@ -242,9 +260,43 @@ impl RedisPool {
             ping(&mut conn).await?;
             self.check_version(&mut conn).await?;
             scripts::EXTRACT.load_async(&mut conn).await?;
-            Ok(())
+            self.check_policy(&mut conn).await
         })
         .await
+    }
+
+    /// Refuses a pool that records another policy than this deployment's
+    /// (readiness answers 503 naming both, as extraction would).
+    async fn check_policy(&self, conn: &mut (impl ConnectionLike + Send)) -> Result<(), PoolError> {
+        let recorded: Option<String> = redis::cmd("GET")
+            .arg(keys::POLICY)
+            .query_async(conn)
+            .await?;
+        match recorded {
+            Some(r) if r != self.options.policy.script_arg() => Err(PoolError::unavailable(
+                OutageClass::Policy,
+                PoolPolicy::parse_script_arg(&r)
+                    .map_or_else(|| "another one".into(), |p| p.to_string()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The refusal when the pool's policy (described by `pool`) is not ours,
+    /// naming both.
+    fn policy_mismatch(&self, pool: &str) -> PoolError {
+        PoolError::unavailable(
+            OutageClass::Policy,
+            format!(
+                "the pool's policy is {pool}; this deployment's is {}: every deployment on one pool must use the same PROXY_POOL_MAX_HEALTH_CHECK_AGE_SECONDS and PROXY_POOL_MIN_REMAINING_TTL_SECONDS",
+                self.options.policy
+            ),
+        )
+    }
+
+    /// The pool policy this deployment runs under.
+    pub fn policy(&self) -> PoolPolicy {
+        self.options.policy
     }
 
     /// Refuses a server older than [`MIN_REDIS`] with an error naming its
@@ -282,34 +334,43 @@ impl RedisPool {
     /// Runs `lua/extract.lua` once: selection, checks, removal and the
     /// idempotency record in one atomic call.
     pub async fn extract(&self, q: &ExtractionQuery<'_>) -> Result<ExtractionOutcome, PoolError> {
-        let filters = ScriptFilters {
-            protocols: restricting(q.selection.protocols),
-            regions: restricting(q.selection.regions),
-            carriers: restricting(q.selection.carriers),
-            upstreams: q.selection.upstreams,
+        let mut inv = scripts::with_pool_keys(&scripts::EXTRACT, &self.options.policy);
+        let mut request = ScriptRequest {
+            count: q.count,
+            fulfillment: q.fulfillment.as_str(),
+            reserve: q.reserve,
+            filters: ScriptFilters {
+                protocols: restricting(q.selection.protocols),
+                regions: restricting(q.selection.regions),
+                carriers: restricting(q.selection.carriers),
+                upstreams: q.selection.upstreams,
+            },
+            request_id: q.request_id,
+            idem: None,
+            usage: None,
+            rate: None,
         };
-        let mut inv = scripts::with_pool_keys(&scripts::EXTRACT);
-        inv.arg(q.count)
-            .arg(q.fulfillment.as_str())
-            .arg(q.reserve)
-            .arg(q.min_remaining_ttl.as_millis() as u64)
-            .arg(q.max_health_check_age.as_millis() as u64)
-            .arg(serde_json::to_string(&filters).map_err(|e| {
-                PoolError::Internal(format!("filters could not be serialised: {e}"))
-            })?)
-            .arg(q.request_id);
+        // The extra keys go in the order the script reads them.
         if let Some(scope) = &q.idempotency {
+            inv.key(&scope.key);
             // With replica acks, a replay rewrites its record's expiry (same
             // instant), so the WAIT after it covers the record it replays.
-            let touch_on_replay = if self.replica_acks > 0 { "1" } else { "0" };
-            inv.key(&scope.key)
-                .arg(&scope.digest)
-                .arg(scope.ttl.as_millis() as u64)
-                .arg(touch_on_replay);
+            request.idem = Some(serde_json::json!({
+                "digest": scope.digest,
+                "ttl": scope.ttl.as_millis() as u64,
+                "touch": self.replica_acks > 0,
+            }));
         }
         if let Some(usage) = &q.usage {
-            usage.declare(&mut inv);
+            request.usage = Some(usage.declare(&mut inv));
         }
+        if let Some(rate) = &q.rate {
+            inv.key(&rate.key);
+            request.rate = Some(serde_json::json!({ "interval": rate.interval_ms }));
+        }
+        inv.arg(serde_json::to_string(&request).map_err(|e| {
+            PoolError::Internal(format!("extraction request could not be serialised: {e}"))
+        })?);
         // Repeating the script after a dropped connection is only safe when
         // the idempotency record can tell whether the first attempt committed.
         let retry_on_drop = q.idempotency.is_some();
@@ -386,7 +447,7 @@ impl RedisPool {
         if batch.is_empty() || batch.len() > UPSERT_BATCH {
             return Err(PoolError::Internal("upsert batch size out of range".into()));
         }
-        let mut inv = scripts::with_pool_keys(&scripts::UPSERT);
+        let mut inv = scripts::with_pool_keys(&scripts::UPSERT, &self.options.policy);
         for p in batch {
             inv.arg(p.to_script_arg()?);
         }
@@ -505,7 +566,14 @@ impl RedisPool {
     ) -> Result<T, PoolError> {
         let result = tokio::time::timeout(self.timeout, op)
             .await
-            .unwrap_or_else(|_| Err(PoolError::unavailable(OutageClass::Timeout, "timed out")));
+            .unwrap_or_else(|_| Err(PoolError::unavailable(OutageClass::Timeout, "timed out")))
+            .map_err(|e| match e {
+                // Scripts and readiness name the pool's policy: add ours.
+                PoolError::Unavailable(o) if o.class == OutageClass::Policy => {
+                    self.policy_mismatch(&o.detail)
+                }
+                e => e,
+            });
         match &result {
             Ok(_) => {
                 self.suspect.store(false, Ordering::Relaxed);
@@ -546,12 +614,23 @@ fn parse_extract_reply(reply: &[String]) -> Result<ExtractionOutcome, PoolError>
             .map_err(|e| PoolError::Internal(format!("unreadable committed result: {e}")))
     };
     Ok(match reply {
-        [tag, json] if tag == "ok" => ExtractionOutcome::Committed(committed(json)?),
+        [tag, json, _units] if tag == "ok" => ExtractionOutcome::Committed(committed(json)?),
         [tag, json] if tag == "replay" => ExtractionOutcome::Replayed(committed(json)?),
         [tag] if tag == "conflict" => ExtractionOutcome::KeyReused,
-        [tag, n, at] if tag == "insufficient" => ExtractionOutcome::Insufficient {
+        [tag, n, at, _units] if tag == "insufficient" => ExtractionOutcome::Insufficient {
             available: n.parse().unwrap_or(0),
             at_ms: at.parse().unwrap_or(0),
+        },
+        [tag, slices, most, dims, _units] if tag == "broad" => ExtractionOutcome::TooBroad {
+            slices: slices.parse().unwrap_or(0),
+            most: most.parse().unwrap_or(0),
+            dimensions: dims
+                .split(',')
+                .filter_map(|d| {
+                    let (name, n) = d.split_once('=')?;
+                    Some((name.to_owned(), n.parse().ok()?))
+                })
+                .collect(),
         },
         _ => return Err(PoolError::Internal("unexpected extract reply".into())),
     })

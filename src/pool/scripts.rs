@@ -7,6 +7,7 @@ use std::sync::LazyLock;
 use redis::{Script, ScriptInvocation};
 
 use super::keys;
+use super::policy::PoolPolicy;
 
 const PRELUDE: &str = include_str!("../../lua/prelude.lua");
 
@@ -52,12 +53,14 @@ pub(super) static CLIENT_PUT: LazyLock<Script> =
 pub(super) static CLIENT_REVOKE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/client_revoke.lua")));
 
-/// An invocation of a pool script with the pool keys already declared.
-pub(super) fn with_pool_keys(script: &Script) -> ScriptInvocation<'_> {
+/// An invocation of a pool script with the pool keys declared and the
+/// caller's pool policy as its first argument.
+pub(super) fn with_pool_keys<'a>(script: &'a Script, policy: &PoolPolicy) -> ScriptInvocation<'a> {
     let mut inv = script.prepare_invoke();
     for key in keys::POOL {
         inv.key(key);
     }
+    inv.arg(policy.script_arg());
     inv
 }
 

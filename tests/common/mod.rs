@@ -145,7 +145,7 @@ impl Harness {
             ..Config::default()
         };
         adjust(&mut config);
-        let pool = RedisPool::new(&redis.url(), config.redis_timeout).unwrap();
+        let pool = RedisPool::with_options(&redis.url(), &config.redis_options()).unwrap();
         let guard = Guard::new(config.auth_schemes, config.sources.clone(), registry(&pool));
         let app = Arc::new(App::new(config.settings(), pool.clone(), Arc::new(guard)));
         Self {
@@ -503,6 +503,15 @@ pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
     }
     if what.index {
         let loc = format!("{p}|{r}|{c}|{u}|{e}|{id}");
+        // The deadline under the harness's pool policy (lua/prelude.lua).
+        let policy = h.pool.policy();
+        let until = rec["usableUntil"].as_i64().unwrap_or(expires);
+        let checked = rec["healthCheckedAt"].as_i64().unwrap_or(0);
+        let d = until
+            .min(expires - (policy.min_remaining_ttl.as_millis() as i64).max(1) + 1)
+            .min(checked + policy.max_health_check_age.as_millis() as i64 + 1);
+        let tail = format!("{d:013}|{e}|{id}");
+        let atom = format!("{p}|{r}|{c}|{u}");
         pipe.zadd(keys::IX_POOL, format!("{e}|{id}\t{p}|{r}|{c}|{u}"), 0)
             .ignore()
             .zadd(keys::IX_REGION, format!("{r}|{e}|{id}\t{p}|{c}|{u}"), 0)
@@ -511,17 +520,33 @@ pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
             .ignore()
             .zadd(keys::IX_ATOM, &loc, 0)
             .ignore()
-            .zadd(
-                keys::IX_CHECKED,
-                &loc,
-                rec["healthCheckedAt"].as_i64().unwrap_or(0),
-            )
+            .zadd(keys::IX_LIVE, &loc, d)
             .ignore()
-            .hset(keys::IX_KINDS, format!("{p}|{c}|{u}"), "1")
+            .zadd(keys::IX_DREGION, format!("{r}|{tail}"), 0)
+            .ignore()
+            .zadd(keys::IX_DKIND, format!("{p}|{c}|{u}|{tail}"), 0)
+            .ignore()
+            .zadd(keys::IX_DATOM, format!("{atom}|{tail}"), 0)
+            .ignore()
+            .hincr(keys::IX_ATOMS, &atom, 1)
             .ignore();
-        let until = rec["usableUntil"].as_i64().unwrap_or(expires);
-        if until < expires {
-            pipe.zadd(keys::IX_USABLE, &loc, until).ignore();
+        let mut conn = h.redis().await;
+        let known: bool = redis::cmd("HEXISTS")
+            .arg(keys::IX_ATOMS)
+            .arg(&atom)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if !known {
+            for (key, value) in [
+                (keys::IX_PROTOCOLS, p.clone()),
+                (keys::IX_REGIONS, r.clone()),
+                (keys::IX_CARRIERS, c.clone()),
+                (keys::IX_UPSTREAMS, u.clone()),
+                (keys::IX_KINDS, format!("{p}|{c}|{u}")),
+            ] {
+                pipe.hincr(key, value, 1).ignore();
+            }
         }
     }
     if what.expiry {

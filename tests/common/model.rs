@@ -13,7 +13,8 @@ use serde_json::Value;
 
 use proxy_pool::pool::{
     CommittedExtraction, ContractOp, ContractReply, ExtractionOutcome, ExtractionQuery,
-    Fulfillment, NewProxy, PoolError, PooledProxy, RedisPool, UpsertStatus, Verdict, keys,
+    Fulfillment, NewProxy, PoolConnection, PoolError, PoolPolicy, PooledProxy, RedisPool,
+    UpsertStatus, Verdict, keys,
 };
 
 /// Everything the pool holds, in a comparable form.
@@ -22,21 +23,38 @@ pub struct PoolState {
     /// Every proxy by id: its details and state merged into one JSON object,
     /// or its tombstone `{"id","status":"EXTRACTED","expiresAt"}`.
     pub records: BTreeMap<String, Value>,
-    /// The index: the locators `"<p>|<r>|<c>|<u>|<expiry, 13 digits>|<id>"`
-    /// of every indexed proxy (in Redis, read from all six index sets, which
-    /// must agree).
-    pub index: BTreeSet<String>,
+    /// The index: the locator `"<p>|<r>|<c>|<u>|<expiry, 13 digits>|<id>"`
+    /// of every indexed proxy and its deadline (in Redis, `{pp}:ix:live`,
+    /// which the deadline families must agree with exactly, the expiry
+    /// families on every entry whose deadline is ahead, and the counts of
+    /// what exists on every combination).
+    pub index: BTreeMap<String, i64>,
     /// `{pp}:held`.
     pub held: BTreeMap<String, String>,
     /// `{pp}:expiry`.
     pub expiry: BTreeMap<String, i64>,
 }
 
+async fn members(conn: &mut PoolConnection, key: &str) -> Result<Vec<String>, PoolError> {
+    Ok(redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await?)
+}
+
+async fn hash(conn: &mut PoolConnection, key: &str) -> Result<BTreeMap<String, i64>, PoolError> {
+    Ok(redis::cmd("HGETALL").arg(key).query_async(conn).await?)
+}
+
 /// Reads the whole pool (O(pool size)), and checks that the index sets
-/// describe the same entries: each family member stands for a locator of the
-/// atom family, `checked` holds every indexed locator at its record's health
-/// time, `usable` those with a safety margin at their `usableUntil` (members
-/// of entries no longer indexed may linger in both until they fall due).
+/// describe the same entries: the deadline families hold exactly `live`'s
+/// entries at their deadlines; each expiry family holds only indexed
+/// entries and every one whose deadline is ahead of the Redis clock (a
+/// spent one may have left a family a walk passed it in); the counts are
+/// those of the index; hints exist only for slices that hold entries; and
+/// every key lives as long as what it describes.
 pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
     let mut conn = pool.connection();
     let details: BTreeMap<String, String> = redis::cmd("HGETALL")
@@ -47,27 +65,15 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
         .arg(keys::STATE)
         .query_async(&mut conn)
         .await?;
-    let mut sets = Vec::new();
-    for key in [keys::IX_POOL, keys::IX_REGION, keys::IX_KIND, keys::IX_ATOM] {
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(key)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await?;
-        sets.push(members);
-    }
-    let mut scored = Vec::new();
-    for key in [keys::IX_USABLE, keys::IX_CHECKED] {
-        let members: Vec<(String, i64)> = redis::cmd("ZRANGE")
-            .arg(key)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(&mut conn)
-            .await?;
-        scored.push(members);
-    }
+    let live: Vec<(String, i64)> = redis::cmd("ZRANGE")
+        .arg(keys::IX_LIVE)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await?;
+    let now: (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
+    let now = now.0 * 1000 + now.1 / 1000;
     let held: BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg(keys::HELD)
         .query_async(&mut conn)
@@ -101,46 +107,126 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
             records.insert(format!("{id} (details left over)"), json(d));
         }
     }
-    let index: BTreeSet<String> = sets[3].iter().cloned().collect();
+    let index: BTreeMap<String, i64> = live.into_iter().collect();
     let disagree = |what: &str| Err(PoolError::Internal(format!("index sets disagree: {what}")));
-    for (family, members) in ["pool", "region", "kind"].iter().zip(&sets) {
-        let locators: Option<BTreeSet<String>> =
-            members.iter().map(|m| locator_from(family, m)).collect();
-        if locators.as_ref() != Some(&index) {
-            return disagree(family);
+    let split = |loc: &str| -> Option<[String; 6]> {
+        let parts: Vec<&str> = loc.split('|').collect();
+        let [p, r, c, u, e, id] = parts.as_slice() else {
+            return None;
+        };
+        Some([p, r, c, u, e, id].map(|s| (*s).to_owned()))
+    };
+    // The deadline families: exactly the index.
+    for (key, slice) in [
+        (
+            keys::IX_DREGION,
+            (|[_, r, _, _]: [&str; 4]| format!("{r}|")) as fn([&str; 4]) -> String,
+        ),
+        (keys::IX_DKIND, |[p, _, c, u]| format!("{p}|{c}|{u}|")),
+        (keys::IX_DATOM, |[p, r, c, u]| format!("{p}|{r}|{c}|{u}|")),
+    ] {
+        let want: BTreeSet<String> = index
+            .iter()
+            .filter_map(|(loc, d)| {
+                let [p, r, c, u, e, id] = split(loc)?;
+                Some(format!("{}{d:013}|{e}|{id}", slice([&p, &r, &c, &u])))
+            })
+            .collect();
+        let have: BTreeSet<String> = members(&mut conn, key).await?.into_iter().collect();
+        if have != want {
+            return disagree(key);
         }
     }
-    let field = |loc: &str, name: &str| -> Option<i64> {
-        let id = loc.rsplit('|').next()?;
-        records.get(id)?.get(name)?.as_i64()
-    };
-    // Every indexed entry has its members in the time sets, at its
-    // record's times; members of entries no longer indexed may linger
-    // until they fall due.
-    let checked: BTreeMap<&str, i64> = scored[1].iter().map(|(m, s)| (m.as_str(), *s)).collect();
-    if index
-        .iter()
-        .any(|l| checked.get(l.as_str()).copied() != field(l, "healthCheckedAt"))
-    {
-        return disagree("checked");
+    // The expiry families: within the index, and every entry still ahead
+    // of its deadline. (A spent entry a walk passed may have left one; each
+    // family's key lives as long as the entries it holds.)
+    let mut latest_in_family: BTreeMap<&str, Option<i64>> = BTreeMap::new();
+    for family in ["pool", "region", "kind", "atom"] {
+        let key = match family {
+            "pool" => keys::IX_POOL,
+            "region" => keys::IX_REGION,
+            "kind" => keys::IX_KIND,
+            _ => keys::IX_ATOM,
+        };
+        let have: Option<BTreeSet<String>> = members(&mut conn, key)
+            .await?
+            .iter()
+            .map(|m| locator_from(family, m))
+            .collect();
+        let Some(have) = have else {
+            return disagree(key);
+        };
+        if have.iter().any(|l| !index.contains_key(l))
+            || index.iter().any(|(l, d)| *d > now && !have.contains(l))
+        {
+            return disagree(key);
+        }
+        latest_in_family.insert(
+            key,
+            have.iter()
+                .filter_map(|l| split(l)?[4].parse::<i64>().ok())
+                .max(),
+        );
     }
-    let usable: BTreeMap<&str, i64> = scored[0].iter().map(|(m, s)| (m.as_str(), *s)).collect();
-    for loc in &index {
-        let until = field(loc, "usableUntil");
-        let margin = until != field(loc, "expiresAt");
-        if usable.get(loc.as_str()).copied() != until.filter(|_| margin) {
-            return disagree("usable");
+    // The counts: entries per combination, combinations per value and kind.
+    let mut atoms: BTreeMap<String, i64> = BTreeMap::new();
+    for loc in index.keys() {
+        if let Some([p, r, c, u, _, _]) = split(loc) {
+            *atoms.entry(format!("{p}|{r}|{c}|{u}")).or_default() += 1;
+        }
+    }
+    if hash(&mut conn, keys::IX_ATOMS).await? != atoms {
+        return disagree("atoms");
+    }
+    let mut values: [BTreeMap<String, i64>; 5] = Default::default();
+    for atom in atoms.keys() {
+        let [p, r, c, u]: [&str; 4] = atom
+            .split('|')
+            .collect::<Vec<_>>()
+            .try_into()
+            .unwrap_or(["", "", "", ""]);
+        for (i, v) in [p, r, c, u].into_iter().enumerate() {
+            *values[i].entry(v.to_owned()).or_default() += 1;
+        }
+        *values[4].entry(format!("{p}|{c}|{u}")).or_default() += 1;
+    }
+    for (key, want) in [
+        keys::IX_PROTOCOLS,
+        keys::IX_REGIONS,
+        keys::IX_CARRIERS,
+        keys::IX_UPSTREAMS,
+        keys::IX_KINDS,
+    ]
+    .into_iter()
+    .zip(&values)
+    {
+        if &hash(&mut conn, key).await? != want {
+            return disagree(key);
+        }
+    }
+    // Hints only for slices that hold entries.
+    let hints: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys::IX_HINT)
+        .query_async(&mut conn)
+        .await?;
+    for field in hints.keys() {
+        let exists = match field.split_once(':') {
+            Some(("region", s)) => values[1].contains_key(s.trim_end_matches('|')),
+            Some(("kind", s)) => values[4].contains_key(s.trim_end_matches('|')),
+            Some(("atom", s)) => atoms.contains_key(s.trim_end_matches('|')),
+            _ => false,
+        };
+        if !exists {
+            return disagree(&format!("hint {field} of an empty slice"));
         }
     }
     // Every key lives until the latest expiry it describes (a key that
     // expired early would take live entries with it), and none lives forever.
-    let expires = |loc: &str| -> i64 {
-        let mut parts = loc.rsplit('|');
-        parts.nth(1).and_then(|e| e.parse().ok()).unwrap_or(0)
-    };
     let record_expiry = |id: &str| records.get(id).and_then(|r| r.get("expiresAt")?.as_i64());
-    let latest_indexed = index.iter().map(|l| expires(l)).max();
-    let latest_in = |members: &[(String, i64)]| members.iter().map(|(l, _)| expires(l)).max();
+    let latest_indexed = index
+        .keys()
+        .filter_map(|l| split(l)?[4].parse::<i64>().ok())
+        .max();
     for key in keys::POOL {
         let at: i64 = redis::cmd("PEXPIRETIME")
             .arg(key)
@@ -151,10 +237,9 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
             keys::STATE => states.keys().filter_map(|id| record_expiry(id)).max(),
             keys::EXPIRY => expiry.iter().map(|(_, e)| *e).max(),
             keys::HELD => held.keys().filter_map(|id| record_expiry(id)).max(),
-            keys::IX_USABLE => latest_in(&scored[0]),
-            keys::IX_CHECKED => latest_in(&scored[1]),
-            keys::IX_HINT => None,
-            _ => latest_indexed, // the four families and the kinds they were planned from
+            keys::IX_HINT | keys::POLICY => None,
+            key if latest_in_family.contains_key(key) => latest_in_family[key],
+            _ => latest_indexed, // the index sets and the counts of what they hold
         };
         match at {
             -2 => {}
@@ -175,6 +260,9 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
 
 /// The locator a member of an index family stands for (see `lua/prelude.lua`).
 fn locator_from(family: &str, member: &str) -> Option<String> {
+    if family == "atom" {
+        return Some(member.to_owned());
+    }
     let (head, tail) = member.split_once('\t')?;
     let head: Vec<&str> = head.split('|').collect();
     let tail: Vec<&str> = tail.split('|').collect();
@@ -244,7 +332,7 @@ impl Record {
         format!("{}|{:013}|{}", self.bucket(), self.expires_at, self.id)
     }
 
-    /// In the allocatable index: healthy and not held.
+    /// Takeable: healthy and not held (the time rules aside).
     fn indexed(&self) -> bool {
         self.health_ok
             && match self.status {
@@ -252,6 +340,16 @@ impl Record {
                 Status::Drained => self.active == 0 && self.reserved == 0,
                 _ => false,
             }
+    }
+
+    /// The instant it stops being eligible under `policy`
+    /// (`lua/prelude.lua`).
+    fn deadline(&self, policy: &PoolPolicy) -> i64 {
+        let age = policy.max_health_check_age.as_millis() as i64;
+        let ttl = (policy.min_remaining_ttl.as_millis() as i64).max(1);
+        self.usable_until
+            .min(self.expires_at - ttl + 1)
+            .min(self.health_checked_at + age + 1)
     }
 
     fn pooled(&self) -> PooledProxy {
@@ -274,8 +372,10 @@ impl Record {
 /// script decided at.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryPool {
+    policy: PoolPolicy,
     entries: BTreeMap<String, Entry>,
-    index: BTreeSet<String>,
+    /// Locator -> deadline.
+    index: BTreeMap<String, i64>,
     held: BTreeMap<String, String>,
     expiry: BTreeMap<String, i64>,
     /// Idempotency records: key -> (digest, result, expires at).
@@ -283,9 +383,26 @@ pub struct MemoryPool {
 }
 
 impl MemoryPool {
-    /// An empty pool.
-    pub fn new() -> Self {
-        Self::default()
+    /// An empty pool under `policy`.
+    pub fn new(policy: PoolPolicy) -> Self {
+        Self {
+            policy,
+            ..Self::default()
+        }
+    }
+
+    /// Moves a record's index entry from what `old` had to what `new` is at
+    /// `now`: indexed when takeable with its deadline ahead.
+    fn reindex(&mut self, old: Option<&Record>, new: Option<&Record>, now: i64) {
+        if let Some(o) = old {
+            self.index.remove(&o.member());
+        }
+        if let Some(n) = new {
+            let d = n.deadline(&self.policy);
+            if n.indexed() && d > now {
+                self.index.insert(n.member(), d);
+            }
+        }
     }
 
     /// The pool's state, as [`pool_state`] reads the real one.
@@ -357,12 +474,7 @@ impl MemoryPool {
                 }
                 None => UpsertStatus::Added,
             });
-            if let Some(o) = old.as_ref().filter(|o| o.indexed()) {
-                self.index.remove(&o.member());
-            }
-            if new.indexed() {
-                self.index.insert(new.member());
-            }
+            self.reindex(old.as_ref(), Some(&new), now);
             self.expiry.insert(new.id.clone(), new.expires_at);
             self.entries
                 .insert(new.id.clone(), Entry::Live(Box::new(new)));
@@ -390,31 +502,22 @@ impl MemoryPool {
                 && wanted(s.carriers, &r.carrier)
                 && s.upstreams.is_none_or(|u| u.contains(&r.upstream))
         };
-        let from = now + (q.min_remaining_ttl.as_millis() as i64).max(1);
-        let health_cutoff = now - q.max_health_check_age.as_millis() as i64;
-        // Index entries past their safety margin or health age: due, they
-        // leave the index with this extraction, whatever it answers.
-        let mut due = Vec::new();
-        // Eligible entries in the scripts' order: by "<expiry>|<id>".
+        // Eligible: indexed, deadline ahead, matching; in the scripts'
+        // order, by "<expiry>|<id>". Spent entries stay indexed (prune
+        // removes them), whatever the extraction answers.
         let mut eligible: Vec<(String, Record)> = Vec::new();
-        for member in &self.index {
+        for (member, d) in &self.index {
             let id = member.rsplit('|').next().unwrap_or_default();
             let Some(Entry::Live(r)) = self.entries.get(id) else {
                 continue;
             };
-            let margin_passed = r.usable_until < r.expires_at && r.usable_until <= now;
-            if margin_passed || r.health_checked_at < health_cutoff {
-                due.push(member.clone());
-            } else if r.expires_at >= from && matches(r) {
+            if *d > now && matches(r) {
                 eligible.push((format!("{:013}|{}", r.expires_at, r.id), (**r).clone()));
             }
         }
         eligible.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         let available = eligible.len().saturating_sub(q.reserve as usize) as u32;
         let take = q.count.min(available) as usize;
-        for member in due {
-            self.index.remove(&member);
-        }
         if q.fulfillment == Fulfillment::AllOrNothing && take < q.count as usize {
             return ExtractionOutcome::Insufficient {
                 available: u64::from(available),
@@ -465,6 +568,7 @@ impl MemoryPool {
             Some(Entry::Live(r)) => (**r).clone(),
         };
         let was_indexed = rec.indexed();
+        let before = rec.clone();
         let epoch = rec.epoch;
         if let ContractOp::Remove { .. } = op {
             self.index.remove(&rec.member());
@@ -556,12 +660,8 @@ impl MemoryPool {
             }
             ContractOp::Remove { .. } => unreachable!("handled above"),
         }
-        // An entry left indexed is (re)added: it may have left as due.
-        if rec.indexed() {
-            self.index.insert(rec.member());
-        } else {
-            self.index.remove(&rec.member());
-        }
+        // The entry follows the record: (re)indexed at its new deadline, or out.
+        self.reindex(Some(&before), Some(&rec), now);
         match (rec.status, &rec.owner) {
             (Status::Claimed | Status::Draining, Some(owner)) => {
                 self.held.insert(id.clone(), owner.clone());

@@ -701,7 +701,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         max_health_check_age: Duration::from_secs(3600),
         ..Config::default()
     };
-    let pool = RedisPool::new(&url, config.redis_timeout)?;
+    let pool = RedisPool::with_options(&url, &config.redis_options())?;
     let mut settings = config.settings();
     if plan.usage_counters {
         // As with an aggregates database configured (the bench flushes nothing).

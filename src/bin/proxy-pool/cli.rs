@@ -230,9 +230,6 @@ pub struct PoolArgs {
 pub struct StatsArgs {
     #[command(flatten)]
     pub pool: PoolArgs,
-    /// Minimum remaining TTL counted as eligible (default: PROXY_POOL_MIN_REMAINING_TTL_SECONDS).
-    #[arg(long)]
-    pub min_remaining_ttl_seconds: Option<u64>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -1,8 +1,6 @@
 //! Looking after the pool: `stats` (the inventory, as a table or JSON) and
 //! `prune`.
 
-use std::time::Duration;
-
 use proxy_pool::clock::rfc3339;
 use proxy_pool::pool::MAX_PRUNE_BATCH;
 
@@ -11,17 +9,16 @@ use crate::{CliResult, operator_pool};
 
 /// `stats`.
 pub async fn stats(args: StatsArgs) -> CliResult {
-    let (config, pool) = operator_pool(&args.pool)?;
-    let min_ttl = args
-        .min_remaining_ttl_seconds
-        .map_or(config.min_remaining_ttl, Duration::from_secs);
-    let inventory = pool.inventory(min_ttl).await?;
+    let (_, pool) = operator_pool(&args.pool)?;
+    let policy = pool.policy();
+    let inventory = pool.inventory().await?;
     let eligible: u64 = inventory.buckets.iter().map(|b| b.eligible).sum();
     let indexed: u64 = inventory.buckets.iter().map(|b| b.indexed).sum();
     if args.json {
         let doc = serde_json::json!({
             "at": rfc3339(inventory.at_ms),
-            "minRemainingTtlSeconds": min_ttl.as_secs(),
+            "minRemainingTtlSeconds": policy.min_remaining_ttl.as_secs(),
+            "maxHealthCheckAgeSeconds": policy.max_health_check_age.as_secs(),
             "eligible": eligible,
             "indexed": indexed,
             "heldByWorkers": inventory.held,
@@ -51,8 +48,7 @@ pub async fn stats(args: StatsArgs) -> CliResult {
         &rows,
     );
     println!(
-        "eligible {eligible} of {indexed} allocatable (at least {}s left), held by Workers {}, at {}",
-        min_ttl.as_secs(),
+        "eligible {eligible} of {indexed} allocatable ({policy}), held by Workers {}, at {}",
         inventory.held,
         rfc3339(inventory.at_ms)
     );
@@ -61,10 +57,8 @@ pub async fn stats(args: StatsArgs) -> CliResult {
 
 /// `prune`.
 pub async fn prune(args: PoolArgs) -> CliResult {
-    let (config, pool) = operator_pool(&args)?;
-    let report = pool
-        .prune_expired(MAX_PRUNE_BATCH, u32::MAX, config.max_health_check_age)
-        .await?;
+    let (_, pool) = operator_pool(&args)?;
+    let report = pool.prune_expired(MAX_PRUNE_BATCH, u32::MAX, None).await?;
     println!(
         "pruned {} expired proxies and {} index entries in {} calls",
         report.records, report.index_entries, report.batches
