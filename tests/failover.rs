@@ -32,8 +32,8 @@ const ANSWERS_PER_PHASE: usize = 150;
 const RETRY_FOR: Duration = Duration::from_secs(8);
 
 /// Proxies in the pool: 4,000, or `PROXY_POOL_DRILL_POOL` to time the
-/// outage at a production-sized pool (README, Replication; run it with
-/// `--release -- --nocapture`).
+/// outage at a production-sized pool (docs/guarantees.md, the failover
+/// drill; run it with `--release -- --nocapture`).
 fn pool_size() -> usize {
     std::env::var("PROXY_POOL_DRILL_POOL")
         .ok()
