@@ -1,6 +1,12 @@
 //! The Redis deployments people run: a 3-master Redis Cluster (ElastiCache
 //! cluster mode, Valkey cluster), TLS (`rediss://`, ElastiCache in-transit
 //! encryption) and a primary with a replica (`WAIT` before answering).
+//!
+//! Over 600 lines on purpose: the deployments share their set-ups (a
+//! cluster, replicas, a relay announced by a node) and the drills build on
+//! them. Split by deployment, those helpers would move to `common/`, which
+//! every other test binary compiles, and each file would be another test
+//! binary to link (tens of seconds each on the 2-core machine).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
