@@ -6,6 +6,12 @@
 //!
 //! An hour closes by the Redis clock; the tests close one by moving its
 //! hash to an earlier hour (`RENAME`), as the passing of time would.
+//!
+//! Over 600 lines on purpose: one surface (the counters, the flush, its
+//! failures and the CLI reading them back) whose tests share one set-up
+//! (PostgreSQL servers, closed hours). Another `tests/*.rs` file would be
+//! another test binary to link against the library and all its
+//! dependencies, tens of seconds each on the 2-core machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;

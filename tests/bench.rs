@@ -1,6 +1,6 @@
 //! `proxy-pool bench` as an operator runs it: a tiny smoke run of the real
 //! binary against its private Redis (the full matrix is run by hand, see
-//! README, Performance).
+//! docs/performance.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 use serde_json::Value;

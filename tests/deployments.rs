@@ -1,6 +1,12 @@
 //! The Redis deployments people run: a 3-master Redis Cluster (ElastiCache
 //! cluster mode, Valkey cluster), TLS (`rediss://`, ElastiCache in-transit
 //! encryption) and a primary with a replica (`WAIT` before answering).
+//!
+//! Over 600 lines on purpose: the deployments share their set-ups (a
+//! cluster, replicas, a relay announced by a node) and the drills build on
+//! them. Split by deployment, those helpers would move to `common/`, which
+//! every other test binary compiles, and each file would be another test
+//! binary to link (tens of seconds each on the 2-core machine).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
@@ -13,7 +19,7 @@ use common::{Reply, app_over, certificates, extract_as, proxies, proxy, send, te
 use lambda_http::Body;
 use lambda_http::http::Request;
 use proxy_pool::distribution::App;
-use proxy_pool::local::{RedisServer, Relay, TlsFiles};
+use proxy_pool::local::{Armed, RedisServer, Relay, TlsFiles};
 use proxy_pool::pool::{
     ExtractionOutcome, ExtractionQuery, Fulfillment, PoolError, RedisPool, Selection, keys,
 };
@@ -48,7 +54,16 @@ async fn info(conn: &mut MultiplexedConnection, args: &[&str]) -> String {
     cmd.query_async(conn).await.unwrap()
 }
 
-/// Bounded polling until `check` holds.
+/// Waits for the relay to report `armed` carried out: the event a drill
+/// reads the pool after. The bound only turns a hang into a failure.
+async fn carried_out(armed: Armed) {
+    let done = tokio::time::timeout(Duration::from_secs(30), armed.done()).await;
+    assert_eq!(done, Ok(true), "the relay never carried the fault out");
+}
+
+/// Bounded polling until `check` holds: only for a state another process
+/// reaches in its own time with no event to wait on (cluster gossip, a
+/// replica's sync); never after a relay or a fault, which report theirs.
 async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
     let started = Instant::now();
     while !check().await {
@@ -439,6 +454,20 @@ async fn slot_owner_port(conn: &mut MultiplexedConnection) -> u16 {
     panic!("slot {slot} has no master");
 }
 
+/// Waits until every node names `port` as the `{pp}` slot's master. The
+/// cluster client refreshes its map from any node, so a drill through a
+/// relay the owner announces starts only once gossip has carried that
+/// announcement everywhere (bounded polling: gossip has no event to wait on).
+async fn every_node_names<'a>(nodes: impl IntoIterator<Item = &'a RedisServer>, port: u16) {
+    for node in nodes {
+        until("every node names the relay as the owner", || {
+            let url = node.url();
+            async move { slot_owner_port(&mut connect(&url).await).await == port }
+        })
+        .await;
+    }
+}
+
 /// Proxies whose details are still in the pool.
 async fn pooled(conn: &mut MultiplexedConnection) -> i64 {
     redis::cmd("HLEN")
@@ -453,7 +482,9 @@ async fn pooled(conn: &mut MultiplexedConnection) -> i64 {
 /// `Idempotency-Key` the answer is 503 and the script ran once (its two
 /// proxies are lost with the reply, and nothing more leaves the pool); no
 /// client layer resends it. With a key, the repeat is a replay: the same
-/// two proxies are answered, and still nothing more leaves the pool.
+/// two proxies are answered, and still nothing more leaves the pool. The
+/// pool is read only after the relay reports that it forwarded the
+/// `EVALSHA` and received (and dropped) its reply.
 async fn lost_reply_drill(relay: &Relay, url: &str, cluster: bool, owner: &str) {
     let mut config = test_config();
     config.redis_cluster = cluster;
@@ -469,7 +500,7 @@ async fn lost_reply_drill(relay: &Relay, url: &str, cluster: bool, owner: &str) 
     let mut on_owner = connect(owner).await;
     assert_eq!(pooled(&mut on_owner).await, 19);
 
-    relay.lose_reply_to(b"EVALSHA");
+    let armed = relay.lose_reply_to(b"EVALSHA");
     let lost = extract_as(&app, r#"{"count":2}"#, &[], me).await;
     assert_eq!(
         (lost.status, lost.code()),
@@ -477,19 +508,33 @@ async fn lost_reply_drill(relay: &Relay, url: &str, cluster: bool, owner: &str) 
         "{}",
         lost.body
     );
+    carried_out(armed).await;
     assert_eq!(pooled(&mut on_owner).await, 17, "the extraction ran twice");
 
-    relay.lose_reply_to(b"EVALSHA");
+    let armed = relay.lose_reply_to(b"EVALSHA");
     let key = [("idempotency-key", "lost-reply-0001")];
-    let mut answered = extract_as(&app, r#"{"count":2}"#, &key, me).await;
-    for _ in 0..20 {
-        if answered.status != 503 {
-            break;
-        }
-        // The client's own retries with the same key, backing off.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        answered = extract_as(&app, r#"{"count":2}"#, &key, me).await;
+    // The client retries with its key until a request meets the fault: the
+    // cluster client refuses requests without sending them while it
+    // reconnects after the first lost reply, and those change nothing.
+    let mut first = extract_as(&app, r#"{"count":2}"#, &key, me).await;
+    let retrying = Instant::now();
+    while !armed.triggered() && retrying.elapsed() < Duration::from_secs(20) {
+        assert_eq!(
+            first.status, 503,
+            "answered without reaching Redis: {}",
+            first.body
+        );
+        first = extract_as(&app, r#"{"count":2}"#, &key, me).await;
     }
+    assert!(armed.triggered(), "no request reached the relay");
+    carried_out(armed).await;
+    // The script has committed: the client's retry with the same key (if
+    // the adapter's own repeat did not already replay it) is a replay.
+    let answered = if first.status == 503 {
+        extract_as(&app, r#"{"count":2}"#, &key, me).await
+    } else {
+        first
+    };
     assert_eq!(answered.status, 200, "{}", answered.body);
     assert_eq!(answered.ids().len(), 2);
     assert_eq!(pooled(&mut on_owner).await, 15);
@@ -531,11 +576,7 @@ async fn a_lost_reply_is_not_resent_by_the_cluster_client() {
     )
     .await;
     let relay_port = relay.port();
-    until("the owner announces the relay", || {
-        let url = owner.url();
-        async move { slot_owner_port(&mut connect(&url).await).await == relay_port }
-    })
-    .await;
+    every_node_names(&nodes, relay_port).await;
     let url = format!("redis://127.0.0.1:{}/", relay.port());
     lost_reply_drill(&relay, &url, true, &owner.url()).await;
 }
@@ -566,7 +607,7 @@ async fn cluster_node() -> RedisServer {
 /// nothing new); `fault` breaks the connection around the extraction. The
 /// answer must be 503, never a 200 confirmed by a `WAIT` on a new socket
 /// (which has no writes, so it would count the sleeping replica at once).
-async fn acknowledgement_drill(fault: impl FnOnce(&Relay)) {
+async fn acknowledgement_drill(fault: impl FnOnce(&Relay) -> Armed) {
     let nodes = start_cluster().await;
     let owner_port = slot_owner_port(&mut connect(&nodes[0].url()).await).await;
     let owner = nodes.iter().find(|n| n.port() == owner_port).unwrap();
@@ -606,11 +647,7 @@ async fn acknowledgement_drill(fault: impl FnOnce(&Relay)) {
         ],
     )
     .await;
-    until("the owner announces the relay", || {
-        let url = owner.url();
-        async move { slot_owner_port(&mut connect(&url).await).await == relay_port }
-    })
-    .await;
+    every_node_names(nodes.iter().chain([&replica]), relay_port).await;
 
     let mut config = test_config();
     config.redis_cluster = true;
@@ -662,7 +699,7 @@ async fn acknowledgement_drill(fault: impl FnOnce(&Relay)) {
     })
     .await;
 
-    fault(&relay);
+    let armed = fault(&relay);
     let r = extract_as(
         &app,
         r#"{"count":2}"#,
@@ -676,6 +713,7 @@ async fn acknowledgement_drill(fault: impl FnOnce(&Relay)) {
         "{}",
         r.body
     );
+    carried_out(armed).await;
     sleeper.await.unwrap();
 }
 
@@ -732,7 +770,7 @@ async fn a_reconnect_between_an_extraction_and_its_wait_confirms_nothing() {
         .await
         .unwrap();
     for round in 0..ROUNDS {
-        service.close_after_reply_to(b"EVALSHA");
+        let armed = service.close_after_reply_to(b"EVALSHA");
         let requests: Vec<_> = (0..CONCURRENT)
             .map(|i| {
                 let app = std::sync::Arc::clone(&app);
@@ -755,6 +793,8 @@ async fn a_reconnect_between_an_extraction_and_its_wait_confirms_nothing() {
                 "round {round}: a 200 confirmed by a WAIT that covered none of its writes"
             );
         }
+        // Every round cut a connection after a reply, or it proved nothing.
+        carried_out(armed).await;
     }
     drop(replica);
 }

@@ -8,4 +8,4 @@ mod relay;
 
 pub use demo::{PoolShape, ShapeError, demo_proxies, synthetic_proxy};
 pub use redis_server::{LocalError, RedisServer, TlsFiles, free_port};
-pub use relay::{Relay, replicas_acknowledge};
+pub use relay::{Armed, Cut, Relay, replicas_acknowledge};

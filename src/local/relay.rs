@@ -1,6 +1,8 @@
 //! A loopback TCP relay for fault drills and the replication bench: put it
 //! between a client and Redis (or between a replica and its primary) to
 //! delay what the server sends, lose a reply, or switch to another server.
+//! An armed fault reports when it has been carried out ([`Armed::done`]),
+//! so a drill reads what the fault left behind only after it happened.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,8 +28,86 @@ pub struct Relay {
 struct Shared {
     target: Mutex<SocketAddr>,
     delay: Mutex<Duration>,
-    fault: Mutex<Option<(Vec<u8>, Fault)>>,
+    fault: Mutex<Option<Pending>>,
     cuts: watch::Sender<u64>,
+    /// Every open connection holds a receiver of the current sender; a cut
+    /// puts a new one in place and waits for the old one's receivers.
+    open: Mutex<watch::Sender<()>>,
+}
+
+/// A fault waiting for the request that triggers it.
+struct Pending {
+    needle: Vec<u8>,
+    fault: Fault,
+    done: Arc<watch::Sender<Progress>>,
+}
+
+/// How far an armed fault has got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Progress {
+    /// Waiting for a request containing its needle.
+    Armed,
+    /// Such a request has reached the relay and is on its way.
+    Triggered,
+    /// Carried out.
+    Done,
+}
+
+/// A fault armed by [`Relay::lose_reply_to`] or
+/// [`Relay::close_after_reply_to`]; tells when the relay has carried it out.
+#[must_use = "wait for the fault before reading what it left behind"]
+pub struct Armed(watch::Receiver<Progress>);
+
+impl Armed {
+    /// Whether a request has triggered the fault: from then on it will be
+    /// carried out (see [`Armed::done`]), and later requests pass untouched.
+    /// A client that saw its connection fail can tell by this whether its
+    /// request met the fault or never left (a client that refuses requests
+    /// while it reconnects).
+    pub fn triggered(&self) -> bool {
+        *self.0.borrow() >= Progress::Triggered
+    }
+
+    /// Waits until the fault has been carried out, and says whether it was:
+    /// for a lost reply, the request reached the server and the server's
+    /// answer came back and was dropped (so the command ran); for a close
+    /// after the reply, the reply reached the client and the connection
+    /// closed. `false`: it never will be (the relay was dropped or cut
+    /// first, or another fault was armed before a request triggered it).
+    pub async fn done(mut self) -> bool {
+        self.0.wait_for(|p| *p == Progress::Done).await.is_ok()
+    }
+}
+
+/// A cut made by [`Relay::cut`].
+#[must_use = "wait for the cut before reading what it left behind"]
+pub struct Cut(watch::Sender<()>);
+
+impl Cut {
+    /// Waits until every connection that was open at the cut has closed.
+    pub async fn done(self) {
+        self.0.closed().await;
+    }
+}
+
+/// Where a connection's faulty request is.
+#[derive(Clone)]
+enum Stage {
+    /// No fault on this connection.
+    Clean,
+    /// The request that triggers the fault is on its way to the server.
+    Forwarding(Fault),
+    /// It has reached the server: what the server sends next answers it.
+    Forwarded(Fault, Arc<watch::Sender<Progress>>),
+}
+
+impl Stage {
+    fn fault(&self) -> Option<Fault> {
+        match self {
+            Self::Clean => None,
+            Self::Forwarding(fault) | Self::Forwarded(fault, _) => Some(*fault),
+        }
+    }
 }
 
 /// What happens to the connection of the next request containing a needle.
@@ -53,6 +133,7 @@ impl Relay {
             delay: Mutex::new(Duration::ZERO),
             fault: Mutex::new(None),
             cuts: watch::channel(0).0,
+            open: Mutex::new(watch::channel(()).0),
         });
         let accepting = Arc::clone(&shared);
         let accept = tokio::spawn(async move {
@@ -85,34 +166,51 @@ impl Relay {
     }
 
     /// Closes every open connection now. What the server sent that the
-    /// delay still held is lost, as with a host that dies.
-    pub fn cut(&self) {
+    /// delay still held is lost, as with a host that dies. The answer
+    /// reports when every connection open at the cut has closed, so nothing
+    /// more reaches either side through them.
+    pub fn cut(&self) -> Cut {
+        let before = std::mem::replace(&mut *lock(&self.shared.open), watch::channel(()).0);
         self.shared.cuts.send_modify(|n| *n += 1);
+        Cut(before)
     }
 
     /// The next request containing `needle` reaches the server and runs,
     /// but its connection is closed before the reply: a reply lost after
     /// the command took effect.
-    pub fn lose_reply_to(&self, needle: &[u8]) {
-        *lock(&self.shared.fault) = Some((needle.to_vec(), Fault::LoseReply));
+    pub fn lose_reply_to(&self, needle: &[u8]) -> Armed {
+        self.arm(needle, Fault::LoseReply)
     }
 
     /// The next request containing `needle` is answered, then its
     /// connection closes: the client's next command finds it dead.
-    pub fn close_after_reply_to(&self, needle: &[u8]) {
-        *lock(&self.shared.fault) = Some((needle.to_vec(), Fault::CloseAfterReply));
+    pub fn close_after_reply_to(&self, needle: &[u8]) -> Armed {
+        self.arm(needle, Fault::CloseAfterReply)
+    }
+
+    /// Arms `fault` for the next request containing `needle`, in place of
+    /// any fault armed before and not yet triggered.
+    fn arm(&self, needle: &[u8], fault: Fault) -> Armed {
+        let (done, report) = watch::channel(Progress::Armed);
+        *lock(&self.shared.fault) = Some(Pending {
+            needle: needle.to_vec(),
+            fault,
+            done: Arc::new(done),
+        });
+        Armed(report)
     }
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
         self.accept.abort();
-        self.cut();
+        drop(self.cut());
     }
 }
 
 /// One connection through the relay, until either side closes or a cut.
 async fn relay(client: TcpStream, shared: Arc<Shared>) {
+    let _open = lock(&shared.open).subscribe();
     let mut cuts = shared.cuts.subscribe();
     cuts.borrow_and_update();
     let target = *lock(&shared.target);
@@ -123,39 +221,46 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
     let _ = server.set_nodelay(true);
     let (mut client_in, client_out) = client.into_split();
     let (server_in, mut server_out) = server.into_split();
-    let (fault_tx, fault_rx) = watch::channel(None);
+    let (stage_tx, stage_rx) = watch::channel(Stage::Clean);
     let upstream = async {
         let mut buf = vec![0u8; CHUNK];
+        let mut framer = Framer::default();
         loop {
             let n = match client_in.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            let fault = {
-                let mut armed = lock(&shared.fault);
-                match armed.as_ref() {
-                    Some((needle, fault)) if contains(&buf[..n], needle) => {
-                        let fault = *fault;
-                        *armed = None;
-                        Some(fault)
+            // Whole commands only: a request split across reads is forwarded
+            // whole, and a fault applies from the end of its command.
+            let mut at = 0;
+            while let Some(end) = framer.feed(&buf[at..n]).map(|e| at + e) {
+                at = end;
+                let triggered = {
+                    let mut armed = lock(&shared.fault);
+                    match armed.as_ref() {
+                        Some(pending) if contains(framer.command(), &pending.needle) => {
+                            armed.take()
+                        }
+                        _ => None,
                     }
-                    _ => None,
+                };
+                let Some(pending) = triggered else { continue };
+                pending.done.send_replace(Progress::Triggered);
+                // Set before the command's last bytes leave, so that any
+                // reply read after them is known to follow the faulty command.
+                stage_tx.send_replace(Stage::Forwarding(pending.fault));
+                if server_out.write_all(&buf[..end]).await.is_err() {
+                    return;
                 }
-            };
-            // Armed before the request leaves, so that any reply read
-            // after it is known to follow the faulty request.
-            if fault.is_some() {
-                let _ = fault_tx.send(fault);
+                stage_tx.send_replace(Stage::Forwarded(pending.fault, pending.done));
+                std::future::pending::<()>().await;
             }
             if server_out.write_all(&buf[..n]).await.is_err() {
                 return;
             }
-            if fault.is_some() {
-                std::future::pending::<()>().await;
-            }
         }
     };
-    let downstream = downstream(server_in, client_out, &shared, fault_rx);
+    let downstream = downstream(server_in, client_out, &shared, stage_rx);
     tokio::select! {
         _ = upstream => {}
         _ = downstream => {}
@@ -163,50 +268,81 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
     }
 }
 
+/// How a connection's server-to-client direction ends, past its fault.
+enum End {
+    /// The reply is lost: the client is closed, the answer still awaited.
+    LoseReply,
+    /// The faulty request's answer was read and dropped.
+    ReplyDropped(Arc<watch::Sender<Progress>>),
+    /// The reply is on its way to the client; the connection closes after.
+    CloseAfterReply(Arc<watch::Sender<Progress>>),
+}
+
 /// Server to client, each chunk held for the relay's delay. After a lost
-/// reply the client is closed at once, and the server's answer awaited (so
-/// the command surely ran), then dropped; after a fault closing after the
-/// reply, the reply is delivered, then the connection closed.
+/// reply the client is closed at once, and the server's answer to the
+/// faulty request awaited (so the command surely ran), then dropped; after
+/// a fault closing after the reply, the reply is delivered, then the
+/// connection closed. Either way the fault is then reported done.
 async fn downstream(
     mut server_in: tokio::net::tcp::OwnedReadHalf,
     client_out: tokio::net::tcp::OwnedWriteHalf,
     shared: &Shared,
-    mut fault: watch::Receiver<Option<Fault>>,
+    mut stage: watch::Receiver<Stage>,
 ) {
     let (tx, rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let mut writer = Box::pin(write_when_due(rx, client_out));
     let mut buf = vec![0u8; CHUNK];
-    let armed = fault.clone();
-    let reply_is_lost = loop {
+    let current = stage.clone();
+    let end = loop {
         tokio::select! {
             read = server_in.read(&mut buf) => {
                 let n = match read {
                     Ok(0) | Err(_) => return,
                     Ok(n) => n,
                 };
-                let fault = *armed.borrow();
-                if fault == Some(Fault::LoseReply) {
-                    return;
+                let now = current.borrow().clone();
+                match now {
+                    Stage::Forwarded(Fault::LoseReply, done) => break End::ReplyDropped(done),
+                    Stage::Forwarding(Fault::LoseReply) => break End::LoseReply,
+                    _ => {}
                 }
                 let due = Instant::now() + *lock(&shared.delay);
                 if tx.send((due, buf[..n].to_vec())).is_err() {
                     return;
                 }
-                if fault == Some(Fault::CloseAfterReply) {
-                    break false;
+                if let Stage::Forwarded(Fault::CloseAfterReply, done) = now {
+                    break End::CloseAfterReply(done);
                 }
             },
-            Ok(_) = fault.wait_for(|f| *f == Some(Fault::LoseReply)) => break true,
+            Ok(_) = stage.wait_for(|s| s.fault() == Some(Fault::LoseReply)) => break End::LoseReply,
             _ = &mut writer => return,
         }
     };
-    if reply_is_lost {
-        drop(writer);
-        let _ = server_in.read(&mut buf).await;
-        return;
+    match end {
+        End::ReplyDropped(done) => {
+            drop(writer);
+            done.send_replace(Progress::Done);
+        }
+        End::LoseReply => {
+            // The client sees its connection close before any reply.
+            drop(writer);
+            loop {
+                match server_in.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                if let Stage::Forwarded(_, done) = &*current.borrow() {
+                    done.send_replace(Progress::Done);
+                    return;
+                }
+            }
+        }
+        End::CloseAfterReply(done) => {
+            drop(tx);
+            writer.await;
+            done.send_replace(Progress::Done);
+        }
     }
-    drop(tx);
-    writer.await;
 }
 
 /// Writes each chunk to the client when it is due.
@@ -245,6 +381,143 @@ pub async fn replicas_acknowledge(url: &str, key: &str, n: usize) -> redis::Redi
     Ok(acks >= n)
 }
 
+/// Where each client command ends, in a stream of Redis requests (RESP
+/// arrays of bulk strings, or inline commands ending with a newline), so
+/// that a fault applies to one whole command however the reads cut it.
+#[derive(Default)]
+struct Framer {
+    /// The bytes of the command being read (or just completed).
+    command: Vec<u8>,
+    /// The header line being read (`*N` or `$L`), without its first byte.
+    line: Vec<u8>,
+    frame: Frame,
+}
+
+#[derive(Default, Clone, Copy)]
+enum Frame {
+    /// Before a command.
+    #[default]
+    Start,
+    /// In an inline command, up to its newline.
+    Inline,
+    /// In the `*N` line of an array of `N` arguments.
+    Count,
+    /// In the `$L` line of an argument, `args` more after it.
+    Header { args: u64 },
+    /// In an argument: `bytes` more of it (its CRLF included), then `args`
+    /// more arguments.
+    Bulk { bytes: usize, args: u64 },
+}
+
+impl Framer {
+    /// Reads `bytes` up to the end of the next command, if it ends within
+    /// them: the offset just past it (its bytes are then [`Framer::command`]).
+    fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            if let Frame::Bulk { bytes: left, args } = self.frame {
+                let take = left.min(bytes.len() - i);
+                self.command.extend_from_slice(&bytes[i..i + take]);
+                i += take;
+                self.frame = match (left - take, args) {
+                    (0, 0) => Frame::Start,
+                    (0, args) => self.header(args),
+                    (left, args) => Frame::Bulk { bytes: left, args },
+                };
+                if matches!(self.frame, Frame::Start) {
+                    return Some(i);
+                }
+                continue;
+            }
+            if matches!(self.frame, Frame::Start) {
+                self.command.clear();
+                self.frame = if b == b'*' {
+                    self.line.clear();
+                    Frame::Count
+                } else {
+                    Frame::Inline
+                };
+                self.command.push(b);
+                i += 1;
+                if b == b'\n' {
+                    self.frame = Frame::Start;
+                    return Some(i);
+                }
+                continue;
+            }
+            self.command.push(b);
+            i += 1;
+            match self.frame {
+                Frame::Inline if b == b'\n' => {
+                    self.frame = Frame::Start;
+                    return Some(i);
+                }
+                Frame::Count | Frame::Header { .. } if b == b'\n' => {
+                    let line = std::str::from_utf8(&self.line).unwrap_or("");
+                    let number = line.trim_start_matches('$').trim_end().parse::<u64>();
+                    self.frame = match (self.frame, number) {
+                        (Frame::Count, Ok(args)) if args > 0 => self.header(args),
+                        (Frame::Header { args }, Ok(len)) => Frame::Bulk {
+                            bytes: usize::try_from(len).unwrap_or(usize::MAX).saturating_add(2),
+                            args,
+                        },
+                        // An empty array, or a line that is not RESP: the
+                        // command ends here.
+                        _ => Frame::Start,
+                    };
+                    if matches!(self.frame, Frame::Start) {
+                        return Some(i);
+                    }
+                }
+                Frame::Count | Frame::Header { .. } => self.line.push(b),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Expects the `$L` line of one of `args` more arguments.
+    fn header(&mut self, args: u64) -> Frame {
+        self.line.clear();
+        Frame::Header { args: args - 1 }
+    }
+
+    /// The bytes of the command [`Framer::feed`] last found the end of.
+    fn command(&self) -> &[u8] {
+        &self.command
+    }
+}
+
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Commands are found whole however the reads cut them, pipelined or not.
+    #[test]
+    fn frames_commands_across_reads() {
+        let stream =
+            b"*2\r\n$4\r\nPING\r\n$0\r\n\r\nPING\r\n*3\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n0\r\n";
+        let expected: [&[u8]; 3] = [
+            b"*2\r\n$4\r\nPING\r\n$0\r\n\r\n",
+            b"PING\r\n",
+            b"*3\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n0\r\n",
+        ];
+        for cut in 1..stream.len() {
+            let mut framer = Framer::default();
+            let mut found: Vec<Vec<u8>> = Vec::new();
+            for part in [&stream[..cut], &stream[cut..]] {
+                let mut at = 0;
+                while let Some(end) = framer.feed(&part[at..]) {
+                    at += end;
+                    found.push(framer.command().to_vec());
+                }
+            }
+            assert_eq!(found, expected, "cut at {cut}");
+        }
+    }
 }

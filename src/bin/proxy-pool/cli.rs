@@ -54,7 +54,7 @@ pub enum Command {
     /// Add (or refresh) the demo pool `serve` starts with: synthetic proxies on
     /// TEST-NET addresses, the pool `events/README.md` documents outcomes for.
     LoadDemo(LoadDemoArgs),
-    /// Usage aggregates in PostgreSQL (see README, Usage aggregates).
+    /// Usage aggregates in PostgreSQL (see docs/operations.md, Usage aggregates).
     #[command(subcommand)]
     Aggregates(AggregatesCommand),
     /// Print the usage aggregates from PostgreSQL as a table: calls,
@@ -62,7 +62,7 @@ pub enum Command {
     /// day; proxies handed out per upstream, protocol or region.
     Usage(UsageArgs),
     /// Measure extraction throughput and latency through the real handler
-    /// against a trivial EVALSHA on the same Redis (see README, Performance).
+    /// against a trivial EVALSHA on the same Redis (see docs/performance.md).
     /// Build with --release.
     Bench(BenchArgs),
 }
@@ -211,8 +211,9 @@ pub struct ServeArgs {
     /// Demo proxies loaded into the private Redis.
     #[arg(long, default_value_t = 300)]
     pub demo_size: usize,
-    /// Client registry document (JSON, see README). Default with the
-    /// private Redis: one demo client with a fresh API key, printed.
+    /// Client registry document (JSON, see docs/operations.md, The client
+    /// registry). Default with the private Redis: one demo client with a
+    /// fresh API key, printed.
     #[arg(long)]
     pub clients: Option<PathBuf>,
 }

@@ -1,0 +1,343 @@
+//! The cell runner: one (N, shape, filter, count, C) cell as timed rounds
+//! of requests from C tasks, between two windows of the trivial script, with
+//! Redis's own counters read around each.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lambda_http::http::{Request, StatusCode};
+use proxy_pool::distribution::EXTRACT_PATH;
+use proxy_pool::security::PeerAddr;
+use tokio::task::JoinSet;
+
+use super::caller::Caller;
+use super::fill::client_key;
+use super::filters::FilterShape;
+use super::plan::Plan;
+use super::report::Cell;
+use super::{Bench, BenchError};
+
+/// What the C tasks of one round observed.
+#[derive(Default)]
+struct Round {
+    latencies_us: Vec<u64>,
+    proxies: u64,
+    short: usize,
+    failed: usize,
+}
+
+impl Round {
+    /// Adds what `other` observed to this one.
+    fn absorb(&mut self, other: Round) {
+        self.latencies_us.extend(other.latencies_us);
+        self.proxies += other.proxies;
+        self.short += other.short;
+        self.failed += other.failed;
+    }
+}
+
+/// Redis counters read around a timed window.
+#[derive(Clone, Copy, Default)]
+struct ServerStats {
+    evalsha_calls: u64,
+    evalsha_usec: u64,
+    cpu_seconds: f64,
+}
+
+impl Bench {
+    async fn server_stats(&self) -> Result<ServerStats, BenchError> {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .arg("commandstats")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let mut stats = ServerStats::default();
+        if let Some(line) = info.lines().find(|l| l.starts_with("cmdstat_evalsha:")) {
+            for part in line["cmdstat_evalsha:".len()..].split(',') {
+                match part.split_once('=') {
+                    Some(("calls", v)) => stats.evalsha_calls = v.parse().unwrap_or(0),
+                    Some(("usec", v)) => stats.evalsha_usec = v.parse().unwrap_or(0),
+                    _ => {}
+                }
+            }
+        }
+        let cpu = |name| info_field(&info, name).and_then(|v| v.parse::<f64>().ok());
+        stats.cpu_seconds =
+            cpu("used_cpu_user").unwrap_or(0.0) + cpu("used_cpu_sys").unwrap_or(0.0);
+        Ok(stats)
+    }
+
+    /// Runs one cell.
+    pub(super) async fn cell(
+        &self,
+        plan: &Plan,
+        n: usize,
+        filter: FilterShape,
+        count: u32,
+        c: usize,
+    ) -> Result<Cell, BenchError> {
+        let target = n.max(2 * c * count as usize);
+        let per_round = (target / 2 / count as usize).max(c);
+        let baseline = Duration::from_secs_f64(plan.baseline_seconds / 2.0);
+        let timed = Duration::from_secs_f64(plan.seconds);
+
+        // Warm-up: connections, script cache, allocator.
+        self.top_up(target).await?;
+        self.round(filter, count, c, c, Duration::from_secs(5))
+            .await;
+
+        let mut trivial = self.trivial(c, baseline).await?;
+        let mut all = Round::default();
+        let mut elapsed = Duration::ZERO;
+        let (mut calls, mut usec, mut redis_cpu, mut client_cpu) = (0u64, 0u64, 0.0f64, 0.0f64);
+        let mut cpu_known = true;
+        while elapsed < timed && all.latencies_us.len() < plan.max_requests {
+            self.top_up(target).await?;
+            let budget = per_round.min(plan.max_requests - all.latencies_us.len());
+            let before = self.server_stats().await?;
+            let cpu_before = process_cpu_seconds();
+            let started = Instant::now();
+            let round = self.round(filter, count, c, budget, timed - elapsed).await;
+            elapsed += started.elapsed();
+            let cpu_after = process_cpu_seconds();
+            let after = self.server_stats().await?;
+            calls += after.evalsha_calls.saturating_sub(before.evalsha_calls);
+            usec += after.evalsha_usec.saturating_sub(before.evalsha_usec);
+            redis_cpu += after.cpu_seconds - before.cpu_seconds;
+            match (cpu_before, cpu_after) {
+                (Some(a), Some(b)) => client_cpu += b - a,
+                _ => cpu_known = false,
+            }
+            all.absorb(round);
+        }
+        let after = self.trivial(c, baseline).await?;
+        trivial.calls += after.calls;
+        trivial.seconds += after.seconds;
+        trivial.server_calls += after.server_calls;
+        trivial.server_usec += after.server_usec;
+
+        let requests = all.latencies_us.len();
+        let seconds = elapsed.as_secs_f64();
+        all.latencies_us.sort_unstable();
+        let pct = |q: f64| percentile(&all.latencies_us, q);
+        let rate = requests as f64 / seconds.max(1e-9);
+        let trivial_rate = trivial.calls as f64 / trivial.seconds.max(1e-9);
+        let per_call = |total: f64| (calls > 0).then(|| total / calls as f64);
+        Ok(Cell {
+            pool: n,
+            combinations: self.shape(),
+            filter,
+            pool_at_round_start: target,
+            count,
+            concurrency: c,
+            replica_lag_ms: self.variant().lag_ms,
+            replica_acks: self.variant().acks,
+            requests,
+            proxies: all.proxies,
+            seconds,
+            extractions_per_sec: rate,
+            proxies_per_sec: all.proxies as f64 / seconds.max(1e-9),
+            p50_us: pct(0.50),
+            p99_us: pct(0.99),
+            p999_us: pct(0.999),
+            max_us: all.latencies_us.last().copied().unwrap_or(0),
+            trivial_evalsha_per_sec: trivial_rate,
+            ratio: rate / trivial_rate.max(1e-9),
+            trivial_server_us_per_call: (trivial.server_calls > 0)
+                .then(|| trivial.server_usec as f64 / trivial.server_calls as f64),
+            server_us_per_call: per_call(usec as f64),
+            redis_cpu_us_per_call: per_call(redis_cpu * 1e6),
+            client_cpu_us_per_request: (cpu_known && requests > 0)
+                .then(|| client_cpu * 1e6 / requests as f64),
+            short: all.short,
+            failed: all.failed,
+        })
+    }
+
+    /// `budget` requests through the handler from `c` tasks, or until `limit`.
+    async fn round(
+        &self,
+        filter: FilterShape,
+        count: u32,
+        c: usize,
+        budget: usize,
+        limit: Duration,
+    ) -> Round {
+        let remaining = Arc::new(AtomicUsize::new(budget));
+        let deadline = Instant::now() + limit;
+        let shape = self.shape();
+        let mut tasks = JoinSet::new();
+        let front = self.front();
+        for task in 0..c {
+            let front = front.clone();
+            let remaining = remaining.clone();
+            let first = self.next_request.fetch_add(1 << 32, Ordering::Relaxed);
+            let keys = self
+                .idempotency
+                .then(|| self.next_key.fetch_add(1, Ordering::Relaxed));
+            let clients = self.registry_clients;
+            tasks.spawn(async move {
+                let mut round = Round::default();
+                let peer = PeerAddr(([127, 0, 0, 1], 40_000 + task as u16).into());
+                let Some(mut caller) = Caller::connect(front, peer).await else {
+                    round.failed += 1;
+                    return round;
+                };
+                let mut i = 0u64;
+                while remaining
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1))
+                    .is_ok()
+                    && Instant::now() < deadline
+                {
+                    let mut request =
+                        Request::post(EXTRACT_PATH).header("content-type", "application/json");
+                    if let Some(base) = keys {
+                        request = request.header("idempotency-key", format!("bench-{base:x}-{i}"));
+                    }
+                    if clients > 0 {
+                        let client = (task * 7919 + i as usize) % clients;
+                        request = request.header("x-api-key", client_key(client));
+                    }
+                    let body = filter.body(count, first + i, shape);
+                    i += 1;
+                    let started = Instant::now();
+                    let answer = caller.call(request, body).await;
+                    round
+                        .latencies_us
+                        .push(started.elapsed().as_micros() as u64);
+                    let Some((StatusCode::OK, text)) = answer else {
+                        round.failed += 1;
+                        continue;
+                    };
+                    let returned = returned(&text).unwrap_or(0);
+                    round.proxies += returned;
+                    if returned < u64::from(count) {
+                        round.short += 1;
+                    }
+                }
+                round
+            });
+        }
+        let mut all = Round::default();
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok(r) = joined {
+                all.absorb(r);
+            }
+        }
+        all
+    }
+
+    /// Trivial `EVALSHA` calls from `c` tasks for `limit`, with Redis's own
+    /// count and time of them.
+    async fn trivial(&self, c: usize, limit: Duration) -> Result<Trivial, BenchError> {
+        self.trivial
+            .invoke_async::<_, i64>(&mut self.conn.clone())
+            .await?;
+        let before = self.server_stats().await?;
+        let done = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let deadline = started + limit;
+        let mut tasks = JoinSet::new();
+        for _ in 0..c {
+            let mut conn = self.conn.clone();
+            let script = self.trivial.clone();
+            let done = done.clone();
+            tasks.spawn(async move {
+                while Instant::now() < deadline {
+                    script.invoke_async::<_, i64>(&mut conn).await?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, redis::RedisError>(())
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            joined.map_err(|e| BenchError::Failed(e.to_string()))??;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let after = self.server_stats().await?;
+        Ok(Trivial {
+            calls: done.load(Ordering::Relaxed),
+            seconds,
+            server_calls: after.evalsha_calls.saturating_sub(before.evalsha_calls),
+            server_usec: after.evalsha_usec.saturating_sub(before.evalsha_usec),
+        })
+    }
+}
+
+/// What a trivial-`EVALSHA` window measured.
+struct Trivial {
+    calls: u64,
+    seconds: f64,
+    server_calls: u64,
+    server_usec: u64,
+}
+
+/// `returned` of a 200 extraction body, read without parsing the whole body.
+fn returned(body: &str) -> Option<u64> {
+    let at = body.find("\"returned\":")? + "\"returned\":".len();
+    let digits: String = body[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// The `q` quantile of sorted `values` (nearest rank).
+fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The value of `name` in an `INFO` reply.
+pub(super) fn info_field(info: &str, name: &str) -> Option<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+}
+
+/// CPU time this process's threads have run, seconds: the sum over
+/// `/proc/self/task/*/schedstat` (nanoseconds on a CPU, first field).
+/// `/proc/self/schedstat` alone is the main thread's, which the Tokio
+/// workers doing the requests are not; the runtime's worker threads live
+/// as long as the bench, so no thread's time is lost between two reads.
+fn process_cpu_seconds() -> Option<f64> {
+    let mut ns = 0f64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        // A thread that ended since the listing has no file left: skip it.
+        let Ok(stat) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
+            continue;
+        };
+        ns += stat.split_whitespace().next()?.parse::<f64>().ok()?;
+    }
+    Some(ns / 1e9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nearest-rank percentiles.
+    #[test]
+    fn percentiles() {
+        let v: Vec<u64> = (1..=1000).collect();
+        assert_eq!(percentile(&v, 0.5), 500);
+        assert_eq!(percentile(&v, 0.99), 990);
+        assert_eq!(percentile(&v, 0.999), 999);
+        assert_eq!(percentile(&[7], 0.999), 7);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    /// The returned count is read from the rendered body.
+    #[test]
+    fn reads_returned() {
+        assert_eq!(
+            returned(r#"{"requestId":"req_1","requested":5,"returned":3,"proxies":[]}"#),
+            Some(3)
+        );
+        assert_eq!(returned("{}"), None);
+    }
+}

@@ -1,0 +1,392 @@
+//! `proxy-pool bench`: extraction throughput and latency through the real
+//! handler, measured against the ceiling of the same Redis in the same run.
+//!
+//! For each pool size N and pool shape ([`PoolShape`]: how many protocol x
+//! region x carrier x upstream combinations, 18 to a city-keyed 10,800) the
+//! database is flushed and filled with N synthetic proxies
+//! ([`synthetic_proxy`], TEST-NET addresses). Then every (filter shape,
+//! count, C) cell:
+//!
+//! 1. runs a trivial `EVALSHA` (`return 1`) from C tasks over the same kind of
+//!    connection the handler uses (the pool's `PoolConnection`), for half
+//!    the baseline time, before and again after the extraction, so slow
+//!    neighbours on a shared machine hit both sides of the ratio alike;
+//! 2. drives [`distribution::handle`] from C tasks with
+//!    `POST /api/v1/proxies/extract` `{"count":K}` and the cell's filters
+//!    ([`FilterShape`]: none, one region, region + carrier, protocol +
+//!    upstream; the values rotate from request to request over the pool's
+//!    own), anonymous (`AuthSchemes` `none`; with `--registry-clients N`,
+//!    an API key of one of N clients in the Redis registry), rate limits
+//!    off, no `Idempotency-Key` unless asked, the usage counters on (as with
+//!    an aggregates database) unless `--no-usage-counters`, and the access
+//!    log formatted as in Lambda (JSON) but discarded. With `--http` the
+//!    requests go over HTTP/1.1 through the server `proxy-pool serve` runs
+//!    (loopback, one keep-alive connection per task).
+//!
+//! Extraction consumes the pool, so a cell runs in rounds: before each round
+//! the pool is topped up to its target size and a round takes at most half of
+//! it. The target is N, except where C concurrent requests of `count` would
+//! not fit in half of N; there it is `2 * C * count` (marked `*` in the table).
+//! Only the rounds are timed; top-ups are not. Every request must return 200
+//! with `count` proxies; anything else is counted as short or failed.
+//!
+//! Besides the client-side figures, each cell reads Redis's own cost of the
+//! extraction script (`INFO commandstats` `usec` / `calls` of `evalsha`, and
+//! `INFO cpu` per call) over exactly the timed rounds, the trivial script's
+//! the same way over its own windows, and the bench's own CPU time per
+//! request (handler + redis-rs + tokio, from `/proc/self/task/*/schedstat`).
+//!
+//! The parts, one concern each: [`plan`] (what to measure: the matrix and
+//! its arguments), [`filters`] (the filter sets a cell's requests carry:
+//! the one place a new set is added), [`fill`] (the pool generator:
+//! filling, top-ups, the registry's clients), [`caller`] (a request in
+//! process or over HTTP), [`replicas`] (replicas behind relays that delay
+//! replication), [`cell`] (the cell runner: rounds, the trivial-script
+//! baseline, Redis's counters) and [`report`] (cells, fills, the table,
+//! progress).
+
+mod caller;
+mod cell;
+mod fill;
+mod filters;
+mod plan;
+mod replicas;
+mod report;
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use proxy_pool::config::Config;
+use proxy_pool::distribution::App;
+use proxy_pool::local::{LocalError, PoolShape, RedisServer, Relay};
+use proxy_pool::pool::{PoolConnection, PoolError, RedisOptions, RedisPool};
+use proxy_pool::security::{
+    AuthSchemes, Directory, Guard, RedisRegistry, RegistryHandle, SourcePolicy,
+};
+use proxy_pool::server;
+use redis::Script;
+use tokio::task::JoinSet;
+
+use crate::CliResult;
+use crate::cli::BenchArgs;
+use caller::Front;
+use cell::info_field;
+pub use filters::FilterShape;
+use plan::Plan;
+pub use plan::parse_size;
+use replicas::{RelayThread, Variant, start_replicas};
+use report::{Fill, Progress, Report, human, peak_rss_kib, row};
+
+/// `bench`: checks the arguments, runs the plan they describe, prints the
+/// report (a table, or JSON).
+pub async fn command(args: BenchArgs) -> CliResult {
+    let mut plan = if args.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
+    };
+    if !args.sizes.is_empty() {
+        plan.sizes = args.sizes;
+    }
+    if !args.combinations.is_empty() {
+        plan.combinations = args.combinations;
+    }
+    if !args.filters.is_empty() {
+        plan.filters = args.filters;
+    }
+    if !args.counts.is_empty() {
+        plan.counts = args.counts;
+    }
+    if !args.concurrency.is_empty() {
+        plan.concurrency = args.concurrency;
+    }
+    plan.seconds = args.seconds.unwrap_or(plan.seconds);
+    plan.max_requests = args.max_requests.unwrap_or(plan.max_requests);
+    plan.baseline_seconds = args.baseline_seconds.unwrap_or(plan.baseline_seconds);
+    plan.idempotency = args.idempotency;
+    plan.registry_clients = args.registry_clients;
+    plan.http = args.http;
+    plan.replicas = args.replicas;
+    if !args.replica_lag_ms.is_empty() {
+        plan.replica_lags_ms = args.replica_lag_ms;
+    }
+    if !args.replica_acks.is_empty() {
+        plan.replica_acks = args.replica_acks;
+    }
+    if plan
+        .replica_acks
+        .iter()
+        .any(|&a| a as usize > plan.replicas)
+        || plan
+            .replica_lags_ms
+            .iter()
+            .any(|l| !(0.0..=1000.0).contains(l))
+        || plan.replicas > 4
+    {
+        return Err(
+            "--replicas must be 0..=4, --replica-acks at most --replicas, --replica-lag-ms 0..=1000"
+                .into(),
+        );
+    }
+    if plan.replicas > 0 && args.redis_url.is_some() {
+        return Err("--replicas needs the bench's private Redis (no --redis-url)".into());
+    }
+    plan.usage_counters = !args.no_usage_counters;
+    if plan.counts.iter().any(|c| !(1..=1000).contains(c))
+        || plan.concurrency.iter().any(|c| !(1..=1024).contains(c))
+        || !(plan.seconds > 0.0 && plan.baseline_seconds > 0.0)
+        || plan.max_requests == 0
+    {
+        return Err(
+            "counts must be 1..=1000, concurrency 1..=1024, seconds and requests > 0".into(),
+        );
+    }
+    let target = match args.redis_url {
+        Some(_) if !args.flush => {
+            return Err(
+                "--redis-url: the bench flushes that Redis database; add --flush to allow it"
+                    .into(),
+            );
+        }
+        Some(url) => Target::Url(url),
+        None => Target::Private,
+    };
+    if cfg!(debug_assertions) {
+        eprintln!("proxy-pool bench: this is a debug build; measure with --release");
+    }
+    let progress = Progress::new(std::io::stderr().is_terminal());
+    let report = run(plan, target, progress).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+/// Why the bench could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The private Redis did not start.
+    #[error(transparent)]
+    Local(#[from] LocalError),
+    /// The pool failed (kind and code only).
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// A raw Redis command failed (kind and code only).
+    #[error("redis: {0}")]
+    Redis(String),
+    /// The run cannot go on (e.g. the fill was refused).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<redis::RedisError> for BenchError {
+    fn from(e: redis::RedisError) -> Self {
+        Self::Redis(format!("{:?} {}", e.kind(), e.code().unwrap_or("")))
+    }
+}
+
+/// Where the pool lives during the run.
+pub enum Target {
+    /// A private `redis-server` started for the run.
+    Private,
+    /// An existing Redis whose current database the bench may flush.
+    Url(String),
+}
+
+/// Everything a run shares.
+struct Bench {
+    /// Handlers, one per `replica_acks` value of the plan.
+    fronts: Vec<Front>,
+    /// The HTTP servers of `--http` (stopped when the bench ends).
+    servers: JoinSet<std::io::Result<()>>,
+    /// The replicas' relays (their delay is the replication lag).
+    relays: Vec<Relay>,
+    variant: std::sync::Mutex<Variant>,
+    pool: RedisPool,
+    conn: PoolConnection,
+    trivial: Arc<Script>,
+    next_seq: AtomicU64,
+    next_key: AtomicU64,
+    next_request: AtomicU64,
+    progress: Progress,
+    idempotency: bool,
+    registry_clients: usize,
+    shape: std::sync::Mutex<PoolShape>,
+}
+
+/// Runs `plan` against `target`.
+pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Report, BenchError> {
+    // The private Redis lives as long as this function.
+    let mut private = None;
+    let mut replicas = Vec::new();
+    let relay_thread = RelayThread::start()?;
+    let url = match target {
+        Target::Private => {
+            let server = RedisServer::start().await?;
+            let url = server.url();
+            replicas = start_replicas(&server, plan.replicas, &relay_thread).await?;
+            private = Some(server);
+            url
+        }
+        Target::Url(url) => url,
+    };
+    let max_count = plan.counts.iter().copied().max().unwrap_or(1).max(100);
+    let config = Config {
+        redis_url: Some(url.clone()),
+        auth_schemes: AuthSchemes {
+            none: plan.registry_clients == 0,
+            api_key: plan.registry_clients > 0,
+            ..AuthSchemes::default()
+        },
+        client_rate: None,
+        global_rate: None,
+        max_count_per_request: max_count,
+        // The pool is filled once per N and the run lasts minutes: its health
+        // checks must stay fresh for the whole run.
+        max_health_check_age: Duration::from_secs(3600),
+        ..Config::default()
+    };
+    let pool = RedisPool::with_options(&url, &config.redis_options())?;
+    let mut settings = config.settings();
+    if plan.usage_counters {
+        // As with an aggregates database configured (the bench flushes nothing).
+        settings.policy.usage_retention = Some(config.aggregates_retention);
+    }
+    let mut fronts = Vec::new();
+    let mut servers = JoinSet::new();
+    for &acks in &plan.replica_acks {
+        let options = RedisOptions {
+            replica_acks: acks,
+            replica_ack_timeout: config.replica_ack_timeout,
+            ..config.redis_options()
+        };
+        let pool = RedisPool::with_options(&url, &options)?;
+        let registry: Directory = if plan.registry_clients > 0 {
+            RedisRegistry::new(pool.clone()).into()
+        } else {
+            RegistryHandle::default().into()
+        };
+        let guard = Guard::new(config.auth_schemes, SourcePolicy::default(), registry);
+        let app = Arc::new(App::new(settings.clone(), pool, Arc::new(guard)));
+        fronts.push(if plan.http {
+            let unbound = |e: std::io::Error| BenchError::Failed(format!("listener: {e}"));
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .map_err(unbound)?;
+            let addr = listener.local_addr().map_err(unbound)?;
+            servers.spawn(server::serve(listener, app, std::future::pending()));
+            Front::Http(addr)
+        } else {
+            Front::InProcess(app)
+        });
+    }
+    let (replica_servers, relays): (Vec<_>, Vec<_>) = replicas.into_iter().unzip();
+    let mut conn = pool.connection();
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await?;
+    let redis_version = info_field(&info, "redis_version").unwrap_or_default();
+    let mut bench = Bench {
+        fronts,
+        servers,
+        relays,
+        variant: std::sync::Mutex::new(Variant::default()),
+        conn,
+        pool,
+        trivial: Arc::new(Script::new("return 1")),
+        next_seq: AtomicU64::new(0),
+        next_key: AtomicU64::new(0),
+        next_request: AtomicU64::new(0),
+        progress,
+        idempotency: plan.idempotency,
+        registry_clients: plan.registry_clients,
+        shape: std::sync::Mutex::new(PoolShape::SMALL),
+    };
+    let mut fills = Vec::new();
+    let mut cells = Vec::new();
+    for &n in &plan.sizes {
+        for &shape in &plan.combinations {
+            redis::cmd("FLUSHDB")
+                .arg("ASYNC")
+                .query_async::<()>(&mut bench.conn.clone())
+                .await?;
+            bench.set_shape(shape);
+            bench.progress.start(
+                n as u64,
+                format!(
+                    "filling a pool of {} over {} combinations",
+                    human(n),
+                    shape.combinations()
+                ),
+            );
+            let started = Instant::now();
+            bench.add(n, true).await?;
+            let seconds = started.elapsed().as_secs_f64();
+            bench.progress.note(format!(
+                "filled {} proxies over {} combinations in {seconds:.1} s ({:.0}/s)",
+                human(n),
+                shape.combinations(),
+                n as f64 / seconds
+            ));
+            let memory: String = redis::cmd("INFO")
+                .arg("memory")
+                .query_async(&mut bench.conn.clone())
+                .await?;
+            let used = info_field(&memory, "used_memory").and_then(|v| v.parse::<f64>().ok());
+            fills.push(Fill {
+                pool: n,
+                combinations: shape,
+                seconds,
+                per_sec: n as f64 / seconds,
+                redis_bytes_per_proxy: used.map(|b| b / n as f64),
+            });
+            bench.register_clients().await?;
+            let total = plan.filters.len()
+                * plan.counts.len()
+                * plan.concurrency.len()
+                * plan.replica_lags_ms.len()
+                * plan.replica_acks.len();
+            bench.progress.start(
+                total as u64,
+                format!("N={}, {} combinations", human(n), shape.combinations()),
+            );
+            for &lag_ms in &plan.replica_lags_ms {
+                for (app, &acks) in plan.replica_acks.iter().enumerate() {
+                    bench.set_variant(Variant { lag_ms, acks, app });
+                    for &filter in &plan.filters {
+                        for &count in &plan.counts {
+                            for &c in &plan.concurrency {
+                                let cell = bench.cell(&plan, n, filter, count, c).await?;
+                                bench.progress.note(row(&cell, plan.replicas > 0));
+                                bench.progress.inc(1);
+                                cells.push(cell);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    bench.progress.finish();
+    redis::cmd("FLUSHDB")
+        .arg("ASYNC")
+        .query_async::<()>(&mut bench.conn.clone())
+        .await?;
+    bench.servers.shutdown().await;
+    drop(bench);
+    drop(replica_servers);
+    drop(private);
+    Ok(Report {
+        plan,
+        redis_version,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        fills,
+        cells,
+        peak_rss_kib: peak_rss_kib(),
+    })
+}

@@ -1,0 +1,147 @@
+//! What to measure: the matrix of pool sizes, shapes, filter sets, counts,
+//! concurrency and replication settings, and how a pool size is written.
+
+use proxy_pool::local::PoolShape;
+use serde::Serialize;
+
+use super::filters::FilterShape;
+
+fn shapes_as_combinations<S: serde::Serializer>(
+    shapes: &[PoolShape],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(shapes.iter().map(|shape| shape.combinations()))
+}
+
+/// What to measure.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// Pool sizes N.
+    pub sizes: Vec<usize>,
+    /// Pool shapes (serialised as their numbers of combinations).
+    #[serde(serialize_with = "shapes_as_combinations")]
+    pub combinations: Vec<PoolShape>,
+    /// Filter shapes.
+    pub filters: Vec<FilterShape>,
+    /// Proxies per request.
+    pub counts: Vec<u32>,
+    /// Concurrent tasks C.
+    pub concurrency: Vec<usize>,
+    /// Timed extraction per cell (rounds only, top-ups excluded).
+    pub seconds: f64,
+    /// Most requests per cell.
+    pub max_requests: usize,
+    /// Trivial `EVALSHA` time per cell (half before, half after).
+    pub baseline_seconds: f64,
+    /// Send a fresh `Idempotency-Key` with every request.
+    pub idempotency: bool,
+    /// Replicas of the private Redis, each behind a relay that delays
+    /// replication (0: none).
+    pub replicas: usize,
+    /// Replication delays to measure, milliseconds (with `replicas`).
+    pub replica_lags_ms: Vec<f64>,
+    /// `PROXY_POOL_REPLICA_ACKS` values to measure (0: answer at once).
+    pub replica_acks: Vec<u32>,
+    /// Count each extraction in the hourly usage counters.
+    pub usage_counters: bool,
+    /// Clients in the Redis client registry; requests present their API
+    /// keys (0: anonymous callers, no registry).
+    pub registry_clients: usize,
+    /// Requests over HTTP through `serve`'s server, not in process.
+    pub http: bool,
+}
+
+impl Plan {
+    /// The shapes matrix: N = 1M; 18, 2,700 and 10,800 combinations; every
+    /// filter shape; count in {1, 10, 100}; C = 8.
+    pub fn full() -> Self {
+        Self {
+            sizes: vec![1_000_000],
+            combinations: vec![
+                PoolShape::SMALL,
+                PoolShape {
+                    regions: 100,
+                    carriers: 3,
+                    upstreams: 3,
+                },
+                PoolShape {
+                    regions: 400,
+                    carriers: 3,
+                    upstreams: 3,
+                },
+            ],
+            filters: FilterShape::ALL.to_vec(),
+            counts: vec![1, 10, 100],
+            concurrency: vec![8],
+            seconds: 1.5,
+            max_requests: 20_000,
+            baseline_seconds: 1.0,
+            idempotency: false,
+            replicas: 0,
+            replica_lags_ms: vec![0.0],
+            replica_acks: vec![0],
+            usage_counters: true,
+            registry_clients: 0,
+            http: false,
+        }
+    }
+
+    /// A smoke run for CI: N = 1k, a few hundred requests per cell.
+    pub fn quick() -> Self {
+        Self {
+            sizes: vec![1_000],
+            combinations: vec![PoolShape::SMALL],
+            filters: vec![FilterShape::None],
+            counts: vec![1, 10],
+            concurrency: vec![1, 8],
+            seconds: 0.3,
+            max_requests: 300,
+            baseline_seconds: 0.2,
+            ..Self::full()
+        }
+    }
+}
+
+/// A bench argument that cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    /// Not a filter shape.
+    #[error("filters are none, region, region-carrier, protocol-upstream")]
+    Filter,
+    /// Not a pool size.
+    #[error("a pool size is a number like 1000, 100k or 1M, at most 50M")]
+    Size,
+}
+
+/// A pool size: a number, optionally with a `k` or `M` suffix.
+pub fn parse_size(s: &str) -> Result<usize, ArgError> {
+    let s = s.trim();
+    let (digits, factor) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 1_000),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 1_000_000),
+        _ => (s, 1),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .map(|d| d * factor)
+        .filter(|n| (1..=50_000_000).contains(n))
+        .ok_or(ArgError::Size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::report::human;
+
+    /// Sizes parse with suffixes and print back the same way.
+    #[test]
+    fn sizes_round_trip() {
+        for s in ["1k", "100k", "1M", "1500"] {
+            assert_eq!(human(parse_size(s).unwrap()), s);
+        }
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("lots").is_err());
+    }
+}
