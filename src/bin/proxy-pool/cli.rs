@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use proxy_pool::local::PoolShape;
 
 use crate::bench::{FilterShape, parse_size};
+use crate::inventory::Dimension;
 
 /// `proxy-pool`.
 #[derive(Parser)]
@@ -23,9 +24,10 @@ pub enum Command {
     /// Serve the Distribution API over plain HTTP. Without a Redis URL it
     /// starts a private redis-server with a demo pool.
     Serve(ServeArgs),
-    /// Print the pool's inventory: per combination (protocol, region,
-    /// carrier, upstream), the proxies extraction could draw from, and the
-    /// number held by Gateway Workers.
+    /// Print the pool's inventory: a summary line (eligible, expiring within
+    /// 5 minutes, stale, held by Gateway Workers), then per combination
+    /// (protocol, region, carrier, upstream) or per group (--by) the
+    /// proxies extraction could draw from.
     Stats(StatsArgs),
     /// Remove proxies whose TTL life is over, and index entries past their
     /// safety margin or PROXY_POOL_MAX_HEALTH_CHECK_AGE_SECONDS, in bounded batches.
@@ -233,7 +235,20 @@ pub struct StatsArgs {
     /// Minimum remaining TTL counted as eligible (default: PROXY_POOL_MIN_REMAINING_TTL_SECONDS).
     #[arg(long)]
     pub min_remaining_ttl_seconds: Option<u64>,
-    /// Print JSON instead of a table.
+    /// Oldest health check counted as eligible; older entries are stale
+    /// (default: PROXY_POOL_MAX_HEALTH_CHECK_AGE_SECONDS).
+    #[arg(long)]
+    pub max_health_check_age_seconds: Option<u64>,
+    /// Group and total by these dimensions, comma-separated (e.g.
+    /// upstream or region,carrier), instead of one row per combination.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub by: Vec<Dimension>,
+    /// Only the N rows (groups, or combinations) with the most eligible
+    /// proxies, then one line summing the others.
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
+    /// Print JSON instead of a table: every combination, the totals, and
+    /// the groups with --by.
     #[arg(long)]
     pub json: bool,
 }
@@ -327,9 +342,14 @@ pub struct LoadArgs {
 pub struct LoadDemoArgs {
     #[command(flatten)]
     pub pool: PoolArgs,
-    /// Demo proxies to load.
-    #[arg(long, default_value_t = 300)]
+    /// Demo proxies to load (e.g. 300, 100k, 1M).
+    #[arg(long, default_value = "300", value_parser = parse_size)]
     pub size: usize,
+    /// Spread them over this many protocol x region x carrier x upstream
+    /// combinations: 18, or a multiple of 27 for a city-keyed pool (e.g.
+    /// 19980); default: the demo pool's 54, which events/README.md describes.
+    #[arg(long, value_parser = PoolShape::parse)]
+    pub combinations: Option<PoolShape>,
 }
 
 /// `bench`.

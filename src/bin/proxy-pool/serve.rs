@@ -3,7 +3,6 @@
 //! without a Redis URL, a private `redis-server` with a demo pool and a demo
 //! client whose API key is printed.
 
-use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,20 +76,27 @@ pub async fn run(args: ServeArgs) -> CliResult {
     let app = Arc::new(App::new(config.settings(), pool, Arc::new(guard)));
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
-    println!("proxy-pool serve: listening on http://{addr}, pool in {origin}");
+    note(format_args!(
+        "proxy-pool serve: listening on http://{addr}, pool in {origin}"
+    ));
     let key_header = match &demo_key {
         Some(key) => format!(" -H 'X-API-Key: {key}'"),
         None => String::new(),
     };
-    println!(
+    note(format_args!(
         "try: curl -s -X POST http://{addr}{EXTRACT_PATH}{key_header} -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-0001' -d '{{\"count\":2,\"filters\":{{\"protocols\":[\"http\"]}}}}'"
-    );
-    println!("stop with Ctrl-C");
-    let _ = std::io::stdout().flush();
+    ));
+    note(format_args!("stop with Ctrl-C"));
     proxy_pool::server::serve(listener, app, shutdown_signal()).await?;
     drop(private);
-    println!("proxy-pool serve: stopped");
+    note(format_args!("proxy-pool serve: stopped"));
     Ok(())
+}
+
+/// Prints a line for the operator. A closed standard output (`serve | head
+/// -1`) does not stop the server: these lines only inform.
+fn note(line: std::fmt::Arguments<'_>) {
+    let _ = crate::output::line(line);
 }
 
 /// One `demo` client holding a fresh API key (returned, to be printed).
