@@ -217,6 +217,20 @@ pub struct ServeArgs {
     /// private Redis: one demo client with a fresh API key, printed.
     #[arg(long)]
     pub clients: Option<PathBuf>,
+    /// Seconds a request's headers may take to arrive (from the connection's
+    /// start for its first request, from the first byte for later ones).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_read_timeout: u64,
+    /// Seconds a keep-alive connection may wait for its next request.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub idle_timeout: u64,
+    /// Seconds a request's body may take to arrive after its headers.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_read_timeout: u64,
+    /// Connections open at once; more wait in the listen backlog (keep the
+    /// file descriptor limit, ulimit -n, above it).
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
 }
 
 /// The pool a command works on.

@@ -13,6 +13,7 @@ use proxy_pool::local::{RedisServer, demo_proxies};
 use proxy_pool::pool::RedisPool;
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{ClientRegistry, Guard};
+use proxy_pool::server::ServeOptions;
 use proxy_pool::startup::{self, LocalRegistry};
 
 use crate::CliResult;
@@ -87,7 +88,13 @@ pub async fn run(args: ServeArgs) -> CliResult {
         "try: curl -s -X POST http://{addr}{EXTRACT_PATH}{key_header} -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-0001' -d '{{\"count\":2,\"filters\":{{\"protocols\":[\"http\"]}}}}'"
     ));
     note(format_args!("stop with Ctrl-C"));
-    proxy_pool::server::serve(listener, app, shutdown_signal()).await?;
+    let options = ServeOptions {
+        header_read_timeout: Duration::from_secs(args.header_read_timeout),
+        idle_timeout: Duration::from_secs(args.idle_timeout),
+        body_read_timeout: Duration::from_secs(args.body_read_timeout),
+        max_connections: args.max_connections as usize,
+    };
+    proxy_pool::server::serve_with(listener, app, options, shutdown_signal()).await?;
     drop(private);
     note(format_args!("proxy-pool serve: stopped"));
     Ok(())
