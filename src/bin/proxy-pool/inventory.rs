@@ -277,30 +277,20 @@ impl StaleEntries {
             }
         };
         // Health too old: every due member still in the index.
-        let mut offset = 0;
-        loop {
-            let page = due_page(
-                &mut conn,
-                keys::IX_CHECKED,
-                &format!("({health_cutoff}"),
-                offset,
-            )
-            .await?;
+        let due = due_count(&mut conn, keys::IX_CHECKED, &format!("({health_cutoff}")).await?;
+        for start in (0..due).step_by(STALE_PAGE) {
+            let page = ranks(&mut conn, keys::IX_CHECKED, start, due).await?;
             let indexed = scores(&mut conn, keys::IX_ATOM, &page).await?;
             for (locator, score) in page.iter().zip(&indexed) {
                 if score.is_some() {
                     classify(locator);
                 }
             }
-            if page.len() < STALE_PAGE {
-                break;
-            }
-            offset += page.len();
         }
         // Past the safety margin: those still indexed and not counted above.
-        let mut offset = 0;
-        loop {
-            let page = due_page(&mut conn, keys::IX_USABLE, &now.to_string(), offset).await?;
+        let due = due_count(&mut conn, keys::IX_USABLE, &now.to_string()).await?;
+        for start in (0..due).step_by(STALE_PAGE) {
+            let page = ranks(&mut conn, keys::IX_USABLE, start, due).await?;
             let indexed = scores(&mut conn, keys::IX_ATOM, &page).await?;
             let checked = scores(&mut conn, keys::IX_CHECKED, &page).await?;
             for ((locator, indexed), checked) in page.iter().zip(&indexed).zip(&checked) {
@@ -309,30 +299,38 @@ impl StaleEntries {
                     classify(locator);
                 }
             }
-            if page.len() < STALE_PAGE {
-                break;
-            }
-            offset += page.len();
         }
         Ok(stale)
     }
 }
 
-/// Members of `set` with a score up to `bound`, lowest first, from `offset`.
-async fn due_page(
+/// How many members of `set` score up to `bound`: they are its first
+/// ranks, read a page at a time by rank (O(log N) a page, where paging by
+/// score with an offset would walk the offset again on every page).
+async fn due_count(
     conn: &mut proxy_pool::pool::PoolConnection,
     set: &str,
     bound: &str,
-    offset: usize,
-) -> Result<Vec<String>, redis::RedisError> {
-    redis::cmd("ZRANGE")
+) -> Result<usize, redis::RedisError> {
+    redis::cmd("ZCOUNT")
         .arg(set)
         .arg("-inf")
         .arg(bound)
-        .arg("BYSCORE")
-        .arg("LIMIT")
-        .arg(offset)
-        .arg(STALE_PAGE)
+        .query_async(conn)
+        .await
+}
+
+/// The members of `set` ranked `start` to `start + STALE_PAGE` (below `end`).
+async fn ranks(
+    conn: &mut proxy_pool::pool::PoolConnection,
+    set: &str,
+    start: usize,
+    end: usize,
+) -> Result<Vec<String>, redis::RedisError> {
+    redis::cmd("ZRANGE")
+        .arg(set)
+        .arg(start)
+        .arg(end.min(start + STALE_PAGE) - 1)
         .query_async(conn)
         .await
 }
