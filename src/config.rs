@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use ipnet::IpNet;
+use sha2::{Digest, Sha256};
 
 use crate::aggregates::{AggregatesOptions, DatabaseUrl};
 use crate::distribution::Settings;
@@ -182,11 +183,124 @@ impl Config {
     /// What the HTTP handler takes from the configuration.
     pub fn settings(&self) -> Settings {
         Settings {
+            config_version: self.version(),
             policy: self.policy(),
             max_body_bytes: self.max_body_bytes,
             global_rate: self.global_rate,
             client_rate: self.client_rate,
         }
+    }
+
+    /// The health probes' `configVersion`: 16 hex digits of SHA-256 over
+    /// every setting, one `name=value` line each, passwords left out (of
+    /// the Redis and database URLs; secret ids are names and count). The
+    /// same settings give the same version, on every instance and restart.
+    pub fn version(&self) -> String {
+        // Destructured whole, so a new setting cannot be left out unseen.
+        let Self {
+            redis_url,
+            max_count_per_request,
+            default_fulfillment,
+            min_remaining_ttl,
+            max_health_check_age,
+            reserve_for_gateway,
+            idempotency_ttl,
+            max_body_bytes,
+            redis_timeout,
+            redis_cluster,
+            redis_ca_file,
+            replica_acks,
+            replica_ack_timeout,
+            redis_secret_id,
+            auth_schemes,
+            clients_secret_id,
+            clients_refresh,
+            clients_in_redis,
+            sources,
+            global_rate,
+            client_rate,
+            aggregates_database_url,
+            aggregates_database_secret_id,
+            aggregates_ca_file,
+            aggregates_retention,
+            aggregates_timeout,
+        } = self;
+        let ms = |d: &Duration| d.as_millis().to_string();
+        let text = |v: &Option<String>| v.clone().unwrap_or_default();
+        let path = |p: &Option<std::path::PathBuf>| {
+            p.as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        };
+        let rate =
+            |r: &Option<Rate>| r.map_or("off".into(), |r| format!("{}:{}", r.per_second, r.burst));
+        let nets = |n: &[IpNet]| n.iter().map(IpNet::to_string).collect::<Vec<_>>().join(",");
+        let schemes = [
+            ("apiKey", auth_schemes.api_key),
+            ("basic", auth_schemes.basic),
+            ("bearer", auth_schemes.bearer),
+            ("none", auth_schemes.none),
+        ]
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| *name)
+        .collect::<Vec<_>>()
+        .join(",");
+        let settings = [
+            (
+                "redis_url",
+                redis_url
+                    .as_deref()
+                    .map(without_password)
+                    .unwrap_or_default(),
+            ),
+            ("max_count_per_request", max_count_per_request.to_string()),
+            ("default_fulfillment", default_fulfillment.as_str().into()),
+            ("min_remaining_ttl_ms", ms(min_remaining_ttl)),
+            ("max_health_check_age_ms", ms(max_health_check_age)),
+            ("reserve_for_gateway", reserve_for_gateway.to_string()),
+            ("idempotency_ttl_ms", ms(idempotency_ttl)),
+            ("max_body_bytes", max_body_bytes.to_string()),
+            ("redis_timeout_ms", ms(redis_timeout)),
+            ("redis_cluster", redis_cluster.to_string()),
+            ("redis_ca_file", path(redis_ca_file)),
+            ("replica_acks", replica_acks.to_string()),
+            ("replica_ack_timeout_ms", ms(replica_ack_timeout)),
+            ("redis_secret_id", text(redis_secret_id)),
+            ("auth_schemes", schemes),
+            ("clients_secret_id", text(clients_secret_id)),
+            ("clients_refresh_ms", ms(clients_refresh)),
+            ("clients_in_redis", clients_in_redis.to_string()),
+            ("trusted_proxies", nets(&sources.trusted_proxies)),
+            ("trust_alb", sources.trust_alb.to_string()),
+            ("allowed_sources", nets(&sources.allowed)),
+            ("denied_sources", nets(&sources.denied)),
+            (
+                "anonymous_ipv6_prefix",
+                sources.anonymous_ipv6_prefix.to_string(),
+            ),
+            ("global_rate", rate(global_rate)),
+            ("client_rate", rate(client_rate)),
+            (
+                "aggregates_database_url",
+                aggregates_database_url
+                    .as_ref()
+                    .map(DatabaseUrl::without_password)
+                    .unwrap_or_default(),
+            ),
+            (
+                "aggregates_database_secret_id",
+                text(aggregates_database_secret_id),
+            ),
+            ("aggregates_ca_file", path(aggregates_ca_file)),
+            ("aggregates_retention_ms", ms(aggregates_retention)),
+            ("aggregates_timeout_ms", ms(aggregates_timeout)),
+        ];
+        let mut digest = Sha256::new();
+        for (name, value) in settings {
+            digest.update(format!("{name}={value}\n"));
+        }
+        hex::encode(digest.finalize())[..16].to_owned()
     }
 
     /// Reads the process environment.
@@ -352,6 +466,24 @@ impl Config {
             .map(Duration::from_millis)?,
         })
     }
+}
+
+/// A Redis URL (or comma-separated seed URLs) without user names and
+/// passwords: `rediss://host:6379/0`.
+fn without_password(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| {
+            let url = url.trim();
+            match url.split_once("://") {
+                Some((scheme, rest)) => {
+                    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+                    format!("{scheme}://{host}")
+                }
+                None => String::new(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn flag(
@@ -577,5 +709,42 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(err.variable, "PROXY_POOL_REPLICA_ACK_TIMEOUT_MS");
+    }
+
+    /// The version names the settings, not the secrets: the same settings
+    /// give the same version, any setting changes it, a password does not.
+    #[test]
+    fn version_digests_settings_without_passwords() {
+        let base = from(&[
+            ("PROXY_POOL_REDIS_URL", "rediss://app:pw-one@cache:6379/0"),
+            (
+                "PROXY_POOL_AGGREGATES_DATABASE_URL",
+                "postgres://app:db-pw-one@db:5432/usage",
+            ),
+        ])
+        .unwrap();
+        let version = base.version();
+        assert_eq!(version.len(), 16);
+        assert!(version.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(version, base.clone().version());
+        let rotated = from(&[
+            ("PROXY_POOL_REDIS_URL", "rediss://app:pw-two@cache:6379/0"),
+            (
+                "PROXY_POOL_AGGREGATES_DATABASE_URL",
+                "postgres://app:db-pw-two@db:5432/usage",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(rotated.version(), version);
+        let mut other = base.clone();
+        other.reserve_for_gateway = 1;
+        assert_ne!(other.version(), version);
+        let mut other = base.clone();
+        other.redis_url = Some("rediss://app:pw-one@other-cache:6379/0".into());
+        assert_ne!(other.version(), version);
+        assert_eq!(
+            without_password("redis://:p@ss@h1:1/,rediss://u:x@h2:2"),
+            "redis://h1:1/,rediss://h2:2"
+        );
     }
 }

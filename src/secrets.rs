@@ -109,7 +109,7 @@ impl RegistrySource {
 /// A failed first load leaves the handle empty (extraction answers 503 until
 /// a load succeeds); a failed refresh keeps the last good copy. Both warn.
 pub async fn start_registry(source: RegistrySource, period: Duration) -> RegistryHandle {
-    let handle = RegistryHandle::default();
+    let handle = RegistryHandle::refreshed_every(period);
     refresh(&source, &handle).await;
     watch(source, period, handle.clone());
     handle
@@ -121,7 +121,8 @@ pub async fn start_registry_strict(
     source: RegistrySource,
     period: Duration,
 ) -> Result<RegistryHandle, LoadError> {
-    let handle = RegistryHandle::with(source.load().await?);
+    let handle = RegistryHandle::refreshed_every(period);
+    handle.replace(source.load().await?);
     watch(source, period, handle.clone());
     Ok(handle)
 }
@@ -141,10 +142,11 @@ fn watch(source: RegistrySource, period: Duration, background: RegistryHandle) {
 
 /// One load attempt into `handle`; true when it succeeded.
 pub async fn refresh(source: &RegistrySource, handle: &RegistryHandle) -> bool {
+    let started = std::time::Instant::now();
     match source.load().await {
         Ok(registry) => {
             tracing::info!(clients = registry.len(), "client registry loaded");
-            handle.replace(registry);
+            handle.replace_read_at(registry, started);
             true
         }
         Err(e) if handle.current().is_some() => {

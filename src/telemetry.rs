@@ -1,32 +1,48 @@
 //! Tracing set-up: one JSON object per line in Lambda (CloudWatch), readable
 //! text locally. `RUST_LOG` filters, default `info`.
 
+use tracing::Subscriber;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Installs the global subscriber; `json` selects the Lambda format.
 pub fn init(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().flatten_event(true).try_init()
+    if json {
+        let _ = lambda_subscriber(filter(), std::io::stderr).try_init();
     } else {
-        builder.try_init()
-    };
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
 }
 
 /// Installs a subscriber that formats every event as Lambda does (JSON, at
 /// `RUST_LOG`, default `info`) and throws the line away: benchmarks pay for
 /// the access log without flooding the terminal.
 pub fn init_discarding() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let _ = lambda_subscriber(filter(), std::io::sink).try_init();
+}
+
+/// The Lambda log format: one flat JSON object per event (`timestamp`,
+/// `level`, `message`, the event's fields, `target`), what the template's
+/// log metric filters read.
+pub fn lambda_subscriber<W>(filter: EnvFilter, writer: W) -> impl Subscriber + Send + Sync
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::sink)
+        .with_writer(writer)
         .json()
         .flatten_event(true)
-        .try_init();
+        .finish()
+}
+
+/// `RUST_LOG`, default `info`.
+fn filter() -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
 }
 
 /// Whether the Lambda binary should log JSON: as Lambda's own

@@ -237,15 +237,18 @@ async fn contract_subcommands_and_stats() {
     assert!(ok);
     let lines: Vec<&str> = out.lines().collect();
     assert!(
-        lines[0].starts_with("upstream    protocol  region    carrier  eligible  indexed"),
+        lines[0].starts_with("eligible 1 (maxHealthCheckAge 120 s, minRemainingTTL 30 s)"),
         "{out}"
     );
-    assert!(
-        lines[1].starts_with("provider-a  http      shanghai  telecom"),
-        "{out}"
+    assert!(lines[0].contains("held by Workers 1"), "{out}");
+    assert_eq!(
+        lines[1],
+        "upstream    protocol  region    carrier  eligible  expiring<5m  stale  indexed"
     );
-    assert!(lines[1].ends_with("1        1"), "{out}");
-    assert!(out.contains("held by Workers 1"), "{out}");
+    assert_eq!(
+        lines[2],
+        "provider-a  http      shanghai  telecom         1            0      0        1"
+    );
     let (ok, out, _) = run(&["stats", "--redis-url", &url, "--json"]).await;
     assert!(ok);
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -297,6 +300,126 @@ async fn contract_subcommands_and_stats() {
     }
     // px_b failed its health check and was removed; px_a is back, epoch 2.
     assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids(), ["px_a"]);
+}
+
+/// `stats` groups and totals the inventory, and its counts are the
+/// pool's: eligible is what an extraction then gets, stale entries (health
+/// too old, past the safety margin) and those expiring within 5 minutes are
+/// told apart; `--top` keeps the largest groups and sums the others.
+#[tokio::test]
+async fn stats_groups_and_totals_the_inventory() {
+    let h = Harness::start().await;
+    let url = h.redis.url();
+    let now = now_ms();
+    let mut proxies = common::proxies("a", 3);
+    for id in ["b-soon-1", "b-soon-2"] {
+        let mut p = common::proxy(id);
+        (p.protocol, p.region, p.upstream) =
+            ("socks5".into(), "beijing".into(), "provider-b".into());
+        p.expires_at = now + 120_000; // within 5 minutes, beyond the 30 s minimum
+        p.usable_until = p.expires_at;
+        proxies.push(p);
+    }
+    h.load(&proxies).await;
+    // Indexed when its health check was recent, older than the 120 s
+    // allowed now (the loader would not index it).
+    let mut stale = common::raw_record("b-stale", now + 600_000, now - 600_000);
+    stale["protocol"] = "socks5".into();
+    stale["region"] = "beijing".into();
+    stale["upstream"] = "provider-b".into();
+    common::plant(&h, &stale, common::Planted::ALL).await;
+    // Indexed but past its safety margin (the loader would refuse it).
+    let mut past_margin = common::raw_record("a-margin", now + 600_000, now);
+    past_margin["usableUntil"] = (now - 1000).into();
+    common::plant(&h, &past_margin, common::Planted::ALL).await;
+
+    let (ok, out, err) = run(&["stats", "--redis-url", &url, "--by", "upstream"]).await;
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with(
+            "eligible 5 (maxHealthCheckAge 120 s, minRemainingTTL 30 s), expiring within 5 min 2, stale 2 "
+        ),
+        "{out}"
+    );
+    assert!(lines[0].contains("indexed 7 in 2 combinations"), "{out}");
+    assert_eq!(
+        &lines[1..],
+        [
+            "upstream    eligible  expiring<5m  stale  indexed  combinations",
+            "provider-a         3            0      1        4             1",
+            "provider-b         2            2      1        3             1",
+        ]
+    );
+    let (ok, out, _) = run(&[
+        "stats",
+        "--redis-url",
+        &url,
+        "--by",
+        "protocol,region",
+        "--top",
+        "1",
+    ])
+    .await;
+    assert!(ok);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[2].starts_with("http      shanghai         3"),
+        "{out}"
+    );
+    assert_eq!(
+        lines[3],
+        "... and 1 more groups: eligible 2, expiring within 5 min 2, stale 1, indexed 3"
+    );
+    let (ok, out, _) = run(&["stats", "--redis-url", &url, "--json", "--by", "upstream"]).await;
+    assert!(ok);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (
+            &doc["eligible"],
+            &doc["expiringWithin5Minutes"],
+            &doc["stale"],
+            &doc["indexed"]
+        ),
+        (&5.into(), &2.into(), &2.into(), &7.into())
+    );
+    assert_eq!(doc["buckets"].as_array().unwrap().len(), 2);
+    assert_eq!(doc["groups"][1]["key"], serde_json::json!(["provider-b"]));
+    assert_eq!(doc["groups"][1]["stale"], 1);
+    // The count is the pool's own: an extraction gets exactly the eligible.
+    assert_eq!(h.extract(r#"{"count":50}"#, &[]).await.ids().len(), 5);
+}
+
+/// Every command whose reader has gone (`proxy-pool stats | head`) stops
+/// quietly with status 0: the pipe is closed before the command writes.
+#[tokio::test]
+async fn a_closed_output_pipe_ends_commands_quietly() {
+    let h = Harness::start().await;
+    h.load(&common::proxies("p", 5)).await;
+    let url = h.redis.url();
+    for args in [
+        vec!["stats", "--redis-url", &url],
+        vec!["stats", "--redis-url", &url, "--by", "upstream"],
+        vec!["stats", "--redis-url", &url, "--json"],
+        vec!["load-demo", "--redis-url", &url, "--size", "10"],
+        vec!["clients", "list", "--redis-url", &url],
+        vec!["hash-credential", "--generate"],
+        vec!["prune", "--redis-url", &url],
+        vec!["--help"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(BIN)
+            .args(&args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(out.status.success(), "{args:?}: {} {stderr}", out.status);
+        assert_eq!(stderr, "", "{args:?}");
+    }
 }
 
 /// `hash-credential` prints the registry entry the server will match: for a

@@ -52,6 +52,33 @@ impl DatabaseUrl {
         Ok(Self(url.to_owned()))
     }
 
+    /// Which database it names, without its password:
+    /// `user@host:port,host:port/dbname`.
+    pub fn without_password(&self) -> String {
+        let Ok(config) = self.config() else {
+            return String::new();
+        };
+        // One port serves every host; none: the default.
+        let ports = config.get_ports();
+        let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        let hosts: Vec<String> = config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, host)| (host, port(i)))
+            .map(|(host, port)| match host {
+                tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                tokio_postgres::config::Host::Unix(path) => format!("{}:{port}", path.display()),
+            })
+            .collect();
+        format!(
+            "{}@{}/{}",
+            config.get_user().unwrap_or_default(),
+            hosts.join(","),
+            config.get_dbname().unwrap_or_default()
+        )
+    }
+
     fn config(&self) -> Result<tokio_postgres::Config, AggregatesError> {
         tokio_postgres::Config::from_str(&self.0).map_err(|_| {
             AggregatesError::Settings("the database URL is not a valid PostgreSQL URL".into())

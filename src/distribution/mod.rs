@@ -1,12 +1,15 @@
 //! The thin HTTP adapter (the seeds' `distribution.Handler`): routing,
 //! admission, strict decoding, problem mapping and health probes. The same
 //! [`handle`] serves API Gateway events in Lambda and plain HTTP under `serve`.
+//! Readiness has its own file, [`readiness`].
+
+pub mod readiness;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use lambda_http::http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
+use lambda_http::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
 use lambda_http::{Body, Request};
 use serde::Serialize;
 
@@ -16,6 +19,7 @@ use crate::extraction::{
 use crate::httpapi::{InvalidParam, Problem, RequestId, json_response, to_json};
 use crate::pool::{ExtractionOutcome, OutageClass, PoolError, RedisPool};
 use crate::security::{Identity, IdentityResolver, Rate, RateLimiter, Refusal, Unresolved};
+use readiness::{Reason, Severity};
 
 /// The extraction endpoint.
 pub const EXTRACT_PATH: &str = "/api/v1/proxies/extract";
@@ -30,6 +34,9 @@ pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// What the handler takes from the configuration.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// The health probes' `configVersion` (`Config::version`: a digest of
+    /// the settings, secrets left out).
+    pub config_version: String,
     /// The rules every extraction runs under.
     pub policy: Policy,
     /// Largest request body accepted.
@@ -47,6 +54,10 @@ pub struct App {
     identity: Arc<dyn IdentityResolver>,
     limiter: RateLimiter,
     max_body_bytes: usize,
+    config_version: String,
+    /// Set when extractions are counted for the aggregates (readiness
+    /// then watches their flush).
+    usage_retention: Option<Duration>,
     draining: AtomicBool,
 }
 
@@ -54,11 +65,13 @@ impl App {
     /// Wires the handler's dependencies.
     pub fn new(settings: Settings, pool: RedisPool, identity: Arc<dyn IdentityResolver>) -> Self {
         Self {
+            usage_retention: settings.policy.usage_retention,
             service: ExtractionService::new(settings.policy, pool.clone()),
             limiter: RateLimiter::new(pool.clone(), settings.global_rate, settings.client_rate),
             pool,
             identity,
             max_body_bytes: settings.max_body_bytes,
+            config_version: settings.config_version,
             draining: AtomicBool::new(false),
         }
     }
@@ -156,33 +169,67 @@ async fn route(
     match path {
         EXTRACT_PATH if method == Method::POST => extract(app, request, request_id, log).await,
         EXTRACT_PATH => Err(Problem::method_not_allowed("POST")),
-        LIVE_PATH if method == Method::GET => health(request_id),
+        LIVE_PATH if method == Method::GET => health(app, "ok", request_id),
         READY_PATH if method == Method::GET => ready(app, request_id).await,
         LIVE_PATH | READY_PATH => Err(Problem::method_not_allowed("GET")),
         _ => Err(Problem::not_found()),
     }
 }
 
+/// The contract's `Health` body.
 #[derive(Serialize)]
-struct Health {
+#[serde(rename_all = "camelCase")]
+struct Health<'a> {
     status: &'static str,
     version: &'static str,
+    config_version: &'a str,
 }
 
-fn health(request_id: &RequestId) -> Result<Response<Body>, Problem> {
+fn health(
+    app: &App,
+    status: &'static str,
+    request_id: &RequestId,
+) -> Result<Response<Body>, Problem> {
     let body = Health {
-        status: "ok",
+        status,
         version: env!("CARGO_PKG_VERSION"),
+        config_version: &app.config_version,
     };
     Ok(json_response(StatusCode::OK, to_json(&body)?, request_id))
 }
 
+/// `ok`, `degraded` (200) or a 503 problem, the reasons in the
+/// [`readiness::REASONS_HEADER`] header ([`readiness`]).
 async fn ready(app: &App, request_id: &RequestId) -> Result<Response<Body>, Problem> {
-    if app.is_draining() {
-        return Err(Problem::unavailable("the service is draining"));
+    let reasons_header = HeaderName::from_static(readiness::REASONS_HEADER);
+    let findings = match readiness::findings(app).await {
+        Ok(findings) => findings,
+        Err(e) => {
+            let problem = pool_problem(e);
+            return Err(match readiness::header_value(&[Reason::RedisUnavailable]) {
+                Some(value) => problem.with_header(reasons_header, value),
+                None => problem,
+            });
+        }
+    };
+    let reasons: Vec<Reason> = findings.iter().map(|f| f.reason).collect();
+    let value = readiness::header_value(&reasons).filter(|_| !reasons.is_empty());
+    if let Some(down) = findings
+        .into_iter()
+        .find(|f| f.severity == Severity::Unavailable)
+    {
+        let problem = Problem::unavailable(down.detail);
+        return Err(match value {
+            Some(value) => problem.with_header(reasons_header, value),
+            None => problem,
+        });
     }
-    app.pool.ping().await.map_err(pool_problem)?;
-    health(request_id)
+    let status = if reasons.is_empty() { "ok" } else { "degraded" };
+    let mut response = health(app, status, request_id)?;
+    if let Some(value) = value {
+        response.headers_mut().insert(reasons_header, value);
+    }
+    Ok(response)
 }
 
 async fn extract(

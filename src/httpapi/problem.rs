@@ -217,7 +217,7 @@ impl Problem {
     }
 
     /// 503: the pool cannot be reached or the service is draining.
-    pub fn unavailable(detail: &'static str) -> Self {
+    pub fn unavailable(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "SERVICE_UNAVAILABLE",
@@ -234,6 +234,12 @@ impl Problem {
             "Internal server error",
             "the request could not be completed".into(),
         )
+    }
+
+    /// The same problem answered with one more header.
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
     }
 
     fn with_params(mut self, params: Vec<InvalidParam>) -> Self {

@@ -15,8 +15,10 @@ pub const MAX_PRUNE_BATCH: u32 = 1000;
 /// Combinations `lua/inventory.lua` counts per call.
 const INVENTORY_PAGE: u32 = 500;
 /// One `lua/inventory.lua` reply: Redis time, (combination, eligible,
-/// indexed) rows, proxies held, and the cursor of the next page.
-type InventoryPage = (i64, Vec<(String, u64, u64)>, u64, Vec<u8>);
+/// indexed, expiring soon) rows, proxies held, and the cursor of the next page.
+type InventoryPage = (i64, Vec<(String, u64, u64, u64)>, u64, Vec<u8>);
+/// What the inventory counts as expiring soon: within five minutes.
+pub const EXPIRING_WITHIN: Duration = Duration::from_secs(300);
 
 /// What [`RedisPool::prune_expired`] removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -50,6 +52,10 @@ pub struct BucketInventory {
     pub eligible: u64,
     /// All index entries of the combination (spent ones too, until pruned).
     pub indexed: u64,
+    /// Of `eligible`, about those expiring within [`EXPIRING_WITHIN`]:
+    /// counted in expiry order, where an entry spent since the last prune
+    /// may still be, so at most `eligible` and exact on a pruned pool.
+    pub expiring_soon: u64,
 }
 
 /// The pool's inventory at one instant of the Redis clock.
@@ -120,9 +126,11 @@ impl RedisPool {
         let mut cursor: Vec<u8> = Vec::new();
         loop {
             let mut inv = scripts::with_pool_keys(&scripts::INVENTORY, &self.policy());
-            inv.arg(&cursor).arg(INVENTORY_PAGE);
+            inv.arg(&cursor)
+                .arg(INVENTORY_PAGE)
+                .arg(EXPIRING_WITHIN.as_millis() as u64);
             let (at_ms, rows, held, next): InventoryPage = self.invoke(&inv, true).await?;
-            for (combination, eligible, indexed) in rows {
+            for (combination, eligible, indexed, soon) in rows {
                 let mut parts = combination.split('|');
                 let (Some(protocol), Some(region), Some(carrier), Some(upstream), None) = (
                     parts.next(),
@@ -145,6 +153,7 @@ impl RedisPool {
                     upstream: upstream.into(),
                     eligible,
                     indexed,
+                    expiring_soon: soon.min(eligible),
                 });
             }
             if next.is_empty() {

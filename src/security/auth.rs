@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use ipnet::{IpNet, Ipv6Net};
@@ -114,28 +115,87 @@ impl Default for SourcePolicy {
     }
 }
 
-/// The registry as last loaded; `None` until a first load succeeds.
+/// The registry as last loaded (`None` until a first load succeeds), when
+/// it was read, and how often it is meant to be read again.
 #[derive(Clone, Default)]
-pub struct RegistryHandle(Arc<RwLock<Option<Arc<ClientRegistry>>>>);
+pub struct RegistryHandle(Arc<RwLock<Loaded>>);
+
+#[derive(Default)]
+struct Loaded {
+    registry: Option<Arc<ClientRegistry>>,
+    at: Option<Instant>,
+    refresh: Option<Duration>,
+}
+
+/// How current the client registry a [`Guard`] authenticates against is,
+/// for readiness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegistryState {
+    /// Always current: not needed by the enabled schemes, read from Redis on
+    /// every request, or fixed (never reloaded).
+    Current,
+    /// Never loaded: every authenticated request answers 503.
+    Missing {
+        /// Anonymous callers (scheme `none`) are still served.
+        anonymous_served: bool,
+    },
+    /// A copy read `age` ago, meant to be read again every `refresh`.
+    Loaded {
+        /// Since the copy in use was read.
+        age: Duration,
+        /// The reload period.
+        refresh: Duration,
+    },
+}
 
 impl RegistryHandle {
-    /// A handle already holding `registry`.
+    /// A handle holding `registry` for good (it is never reloaded).
     pub fn with(registry: ClientRegistry) -> Self {
         let h = Self::default();
         h.replace(registry);
         h
     }
 
-    /// Installs a newly loaded registry.
+    /// An empty handle that is to be loaded, and reloaded every `period`.
+    pub fn refreshed_every(period: Duration) -> Self {
+        Self(Arc::new(RwLock::new(Loaded {
+            refresh: Some(period),
+            ..Loaded::default()
+        })))
+    }
+
+    /// Installs a registry read just now.
     pub fn replace(&self, registry: ClientRegistry) {
+        self.replace_read_at(registry, Instant::now());
+    }
+
+    /// Installs a registry read at `read_at` (when its read started: the
+    /// copy is as old as that).
+    pub fn replace_read_at(&self, registry: ClientRegistry, read_at: Instant) {
         if let Ok(mut slot) = self.0.write() {
-            *slot = Some(Arc::new(registry));
+            slot.registry = Some(Arc::new(registry));
+            slot.at = Some(read_at);
         }
     }
 
     /// The current registry, if one was ever loaded.
     pub fn current(&self) -> Option<Arc<ClientRegistry>> {
-        self.0.read().ok().and_then(|slot| slot.clone())
+        self.0.read().ok().and_then(|slot| slot.registry.clone())
+    }
+
+    /// How current the copy is (`anonymous_served` completes a `Missing`).
+    fn state(&self, anonymous_served: bool) -> RegistryState {
+        let Ok(slot) = self.0.read() else {
+            return RegistryState::Missing { anonymous_served };
+        };
+        match (&slot.registry, slot.at, slot.refresh) {
+            (None, _, _) => RegistryState::Missing { anonymous_served },
+            (Some(_), Some(at), Some(refresh)) => RegistryState::Loaded {
+                age: at.elapsed(),
+                refresh,
+            },
+            (Some(_), _, None) | (Some(_), None, _) => RegistryState::Current,
+        }
     }
 }
 
@@ -222,6 +282,15 @@ impl Guard {
 impl IdentityResolver for Guard {
     fn resolve<'a>(&'a self, request: &'a Request) -> Resolving<'a> {
         Box::pin(self.identify(request))
+    }
+
+    fn registry_state(&self) -> RegistryState {
+        match &self.registry {
+            Directory::Document(handle) if self.schemes.need_registry() => {
+                handle.state(self.schemes.none)
+            }
+            Directory::Document(_) | Directory::Redis(_) => RegistryState::Current,
+        }
     }
 }
 

@@ -9,7 +9,9 @@ mod ratelimit;
 pub mod registry;
 mod source;
 
-pub use auth::{AuthSchemes, Directory, Guard, RegistryHandle, SchemesError, SourcePolicy};
+pub use auth::{
+    AuthSchemes, Directory, Guard, RegistryHandle, RegistryState, SchemesError, SourcePolicy,
+};
 pub use directory::{DirectoryError, Imported, RedisRegistry};
 pub use ratelimit::{Rate, RateError, RateLimitHeaders, RateLimiter, Refusal};
 pub use registry::{ClientEntry, ClientRegistry, RegistryError};
@@ -67,4 +69,10 @@ pub type Resolving<'a> = Pin<Box<dyn Future<Output = Result<Identity, Unresolved
 pub trait IdentityResolver: Send + Sync {
     /// Resolves `request`'s caller.
     fn resolve<'a>(&'a self, request: &'a Request) -> Resolving<'a>;
+
+    /// How current the client registry it authenticates against is
+    /// (readiness reports a missing or stale copy); by default always current.
+    fn registry_state(&self) -> RegistryState {
+        RegistryState::Current
+    }
 }

@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 
 use crate::CliResult;
 use crate::cli::{DatabaseArgs, FlushArgs, UsageArgs};
+use crate::output::{self, say};
 
 /// `aggregates flush`.
 pub async fn flush(args: FlushArgs) -> CliResult {
@@ -17,9 +18,9 @@ pub async fn flush(args: FlushArgs) -> CliResult {
     let pool = RedisPool::with_options(&args.pool.redis_url, &config.redis_options())?;
     let report = aggregates.flush(&pool).await;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        say!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("{}", summary(&report));
+        say!("{}", summary(&report));
     }
     match report.error {
         Some(e) => Err(format!("flush incomplete: {e}").into()),
@@ -84,7 +85,7 @@ pub async fn usage(args: UsageArgs) -> CliResult {
             "droppedHours": table.dropped_hours,
             "droppedCalls": table.dropped_calls,
         });
-        println!("{doc:#}");
+        say!("{doc:#}");
         return Ok(());
     }
     let header: Vec<String> = names
@@ -103,11 +104,12 @@ pub async fn usage(args: UsageArgs) -> CliResult {
                 .collect()
         })
         .collect();
-    print_table(&header, &rows, names.len());
+    output::table(&header, &rows, names.len())?;
     if table.dropped_hours > 0 {
-        println!(
+        say!(
             "{} hours in this range expired in Redis before they were flushed ({} calls lost, all clients)",
-            table.dropped_hours, table.dropped_calls
+            table.dropped_hours,
+            table.dropped_calls
         );
     }
     Ok(())
@@ -168,30 +170,4 @@ fn summary(r: &FlushReport) -> String {
         ));
     }
     line
-}
-
-/// Prints `rows` under `header` in aligned columns: the first `left`
-/// left-aligned, the rest (numbers) right-aligned.
-fn print_table(header: &[String], rows: &[Vec<String>], left: usize) {
-    let mut widths: Vec<usize> = header.iter().map(String::len).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    for row in std::iter::once(header).chain(rows.iter().map(Vec::as_slice)) {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (c, w))| {
-                if i < left {
-                    format!("{c:<w$}")
-                } else {
-                    format!("{c:>w$}")
-                }
-            })
-            .collect();
-        println!("{}", cells.join("  ").trim_end());
-    }
 }

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use proxy_pool::local::PoolShape;
 
 use crate::bench::{FilterShape, parse_size};
+use crate::inventory::Dimension;
 
 /// `proxy-pool`.
 #[derive(Parser)]
@@ -23,9 +24,10 @@ pub enum Command {
     /// Serve the Distribution API over plain HTTP. Without a Redis URL it
     /// starts a private redis-server with a demo pool.
     Serve(ServeArgs),
-    /// Print the pool's inventory: per combination (protocol, region,
-    /// carrier, upstream), the proxies extraction could draw from, and the
-    /// number held by Gateway Workers.
+    /// Print the pool's inventory: a summary line (eligible, expiring within
+    /// 5 minutes, stale, held by Gateway Workers), then per combination
+    /// (protocol, region, carrier, upstream) or per group (--by) the
+    /// proxies extraction could draw from.
     Stats(StatsArgs),
     /// Remove proxies whose TTL life is over, and index entries past their
     /// safety margin or PROXY_POOL_MAX_HEALTH_CHECK_AGE_SECONDS, in bounded batches.
@@ -216,6 +218,20 @@ pub struct ServeArgs {
     /// fresh API key, printed.
     #[arg(long)]
     pub clients: Option<PathBuf>,
+    /// Seconds a request's headers may take to arrive (from the connection's
+    /// start for its first request, from the first byte for later ones).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_read_timeout: u64,
+    /// Seconds a keep-alive connection may wait for its next request.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub idle_timeout: u64,
+    /// Seconds a request's body may take to arrive after its headers.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_read_timeout: u64,
+    /// Connections open at once; more wait in the listen backlog (keep the
+    /// file descriptor limit, ulimit -n, above it).
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
 }
 
 /// The pool a command works on.
@@ -231,7 +247,16 @@ pub struct PoolArgs {
 pub struct StatsArgs {
     #[command(flatten)]
     pub pool: PoolArgs,
-    /// Print JSON instead of a table.
+    /// Group and total by these dimensions, comma-separated (e.g.
+    /// upstream or region,carrier), instead of one row per combination.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub by: Vec<Dimension>,
+    /// Only the N rows (groups, or combinations) with the most eligible
+    /// proxies, then one line summing the others.
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
+    /// Print JSON instead of a table: every combination, the totals, and
+    /// the groups with --by.
     #[arg(long)]
     pub json: bool,
 }
@@ -325,9 +350,14 @@ pub struct LoadArgs {
 pub struct LoadDemoArgs {
     #[command(flatten)]
     pub pool: PoolArgs,
-    /// Demo proxies to load.
-    #[arg(long, default_value_t = 300)]
+    /// Demo proxies to load (e.g. 300, 100k, 1M).
+    #[arg(long, default_value = "300", value_parser = parse_size)]
     pub size: usize,
+    /// Spread them over this many protocol x region x carrier x upstream
+    /// combinations: 18, or a multiple of 27 for a city-keyed pool (e.g.
+    /// 19980); default: the demo pool's 54, which events/README.md describes.
+    #[arg(long, value_parser = PoolShape::parse)]
+    pub combinations: Option<PoolShape>,
 }
 
 /// `bench`.

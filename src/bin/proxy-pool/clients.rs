@@ -13,7 +13,7 @@ use crate::cli::{
     ClientsCommand, PoolArgs,
 };
 use crate::credentials::new_secret;
-use crate::stats::print_table;
+use crate::output::{say, table};
 use crate::{CliResult, operator_pool};
 
 /// Runs one `clients` command.
@@ -49,8 +49,8 @@ async fn add(args: ClientAddArgs) -> CliResult {
     registry
         .store(PutMode::Add, std::slice::from_ref(&entry))
         .await?;
-    println!("added client {}", entry.id);
-    println!("api key (shown once): {secret}");
+    say!("added client {}", entry.id);
+    say!("api key (shown once): {secret}");
     Ok(())
 }
 
@@ -72,8 +72,8 @@ async fn rotate(args: ClientRotateArgs) -> CliResult {
         .api_keys
         .push(CredentialHash::of(secret.as_bytes()).encode());
     registry.store(PutMode::Replace, &[entry]).await?;
-    println!("rotated client {id}: {retired} old API key(s) retired");
-    println!("api key (shown once): {secret}");
+    say!("rotated client {id}: {retired} old API key(s) retired");
+    say!("api key (shown once): {secret}");
     Ok(())
 }
 
@@ -82,7 +82,7 @@ async fn revoke(args: ClientIdArgs) -> CliResult {
     let registry = registry(&args.pool)?;
     match registry.revoke(&args.id).await? {
         Some(n) => {
-            println!("revoked client {}: {n} credential(s) removed", args.id);
+            say!("revoked client {}: {n} credential(s) removed", args.id);
             Ok(())
         }
         None => Err(format!("client {} is not registered", args.id).into()),
@@ -93,13 +93,13 @@ async fn revoke(args: ClientIdArgs) -> CliResult {
 async fn list(args: ClientListArgs) -> CliResult {
     let entries = registry(&args.pool)?.list().await?;
     if args.json {
-        println!("{:#}", serde_json::json!({ "clients": entries }));
+        say!("{:#}", serde_json::json!({ "clients": entries }));
         return Ok(());
     }
-    let rows: Vec<[String; 7]> = entries
+    let rows: Vec<Vec<String>> = entries
         .iter()
         .map(|e| {
-            [
+            vec![
                 e.id.clone(),
                 e.allowed_upstreams
                     .as_ref()
@@ -117,8 +117,8 @@ async fn list(args: ClientListArgs) -> CliResult {
             ]
         })
         .collect();
-    print_table(
-        [
+    table(
+        &[
             "id",
             "upstreams",
             "sources",
@@ -128,8 +128,9 @@ async fn list(args: ClientListArgs) -> CliResult {
             "max count",
         ],
         &rows,
-    );
-    println!("{} client(s)", entries.len());
+        4,
+    )?;
+    say!("{} client(s)", entries.len());
     Ok(())
 }
 
@@ -144,7 +145,7 @@ async fn import(args: ClientImportArgs) -> CliResult {
             .map_err(|e| format!("{}: {e}", args.file.display()))?;
     }
     let done = registry.import(&document).await?;
-    println!(
+    say!(
         "imported {} client(s): {} added, {} replaced",
         done.added + done.replaced,
         done.added,

@@ -8,6 +8,7 @@ use proxy_pool::clock::parse_rfc3339;
 use proxy_pool::pool::{ContractOp, Verdict};
 
 use crate::cli::{AckArgs, ClaimArgs, HealthArgs, HolderArgs, TargetArgs};
+use crate::output::say;
 use crate::{CliResult, operator_pool};
 
 /// `health`.
@@ -82,7 +83,7 @@ async fn apply(target: &TargetArgs, op: ContractOp) -> CliResult {
     let reply = pool.apply(&op).await?;
     match reply.verdict {
         Verdict::Ok => {
-            println!("ok {} (epoch {})", target.id, reply.epoch);
+            say!("ok {} (epoch {})", target.id, reply.epoch);
             Ok(())
         }
         refused => Err(format!(

@@ -4,6 +4,7 @@ use proxy_pool::security::credentials::CredentialHash;
 
 use crate::CliResult;
 use crate::cli::HashCredentialArgs;
+use crate::output::say;
 
 /// A fresh random secret, `pp_` + 64 hex characters.
 pub fn new_secret() -> Result<String, Box<dyn std::error::Error>> {
@@ -17,7 +18,7 @@ pub fn new_secret() -> Result<String, Box<dyn std::error::Error>> {
 pub fn hash(args: HashCredentialArgs) -> CliResult {
     let secret = if args.generate {
         let secret = new_secret()?;
-        println!("secret: {secret}");
+        say!("secret: {secret}");
         secret
     } else {
         let mut line = String::new();
@@ -35,6 +36,6 @@ pub fn hash(args: HashCredentialArgs) -> CliResult {
         Some(user) => format!("{user}:{secret}"),
         None => secret,
     };
-    println!("{}", CredentialHash::of(material.as_bytes()).encode());
+    say!("{}", CredentialHash::of(material.as_bytes()).encode());
     Ok(())
 }

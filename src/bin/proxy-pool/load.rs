@@ -3,14 +3,17 @@
 use std::io::{BufRead, IsTerminal};
 
 use proxy_pool::clock::now_ms;
-use proxy_pool::local::demo_proxies;
+use proxy_pool::local::{PoolShape, synthetic_proxy};
 use proxy_pool::pool::{NewProxy, PoolError, RedisPool, UpsertStatus};
 
 use crate::cli::{LoadArgs, LoadDemoArgs};
+use crate::output::say;
 use crate::{CliResult, operator_pool};
 
 /// Lines parsed per upsert round trip.
 const LOAD_BATCH: usize = 500;
+/// Demo proxies generated and written at a time.
+const DEMO_CHUNK: usize = 10_000;
 
 /// `load`: one proxy per line; bad lines are reported by number (never by
 /// contents) and skipped; ends with `loaded N, refreshed N, rejected N`.
@@ -48,23 +51,38 @@ pub async fn load(args: LoadArgs) -> CliResult {
     if progress {
         eprintln!();
     }
-    println!(
+    say!(
         "loaded {}, refreshed {}, rejected {}",
-        tally.added, tally.refreshed, tally.rejected
+        tally.added,
+        tally.refreshed,
+        tally.rejected
     );
     Ok(())
 }
 
-/// `load-demo`: the demo pool `serve` starts with.
+/// `load-demo`: the demo pool `serve` starts with, or a synthetic pool of
+/// any size and shape (generated and written a chunk at a time).
 pub async fn load_demo(args: LoadDemoArgs) -> CliResult {
     let (_, pool) = operator_pool(&args.pool)?;
-    let statuses = pool.upsert(&demo_proxies(args.size, now_ms())).await?;
-    let count = |want: UpsertStatus| statuses.iter().filter(|s| **s == want).count();
-    let added = count(UpsertStatus::Added);
-    let refreshed = count(UpsertStatus::Refreshed);
-    println!(
-        "demo pool: added {added}, refreshed {refreshed}, refused {} (extracted in their current TTL life)",
-        statuses.len() - added - refreshed
+    let shape = args.combinations.unwrap_or(PoolShape::DEMO);
+    let now = now_ms();
+    let (mut added, mut refreshed) = (0, 0);
+    for start in (0..args.size).step_by(DEMO_CHUNK) {
+        let chunk: Vec<NewProxy> = (start..args.size.min(start + DEMO_CHUNK))
+            .map(|seq| synthetic_proxy(seq, now, shape))
+            .collect();
+        for status in pool.upsert(&chunk).await? {
+            match status {
+                UpsertStatus::Added => added += 1,
+                UpsertStatus::Refreshed => refreshed += 1,
+                UpsertStatus::Extracted | UpsertStatus::Expired => {}
+            }
+        }
+    }
+    say!(
+        "demo pool: added {added}, refreshed {refreshed}, refused {} (extracted in their current TTL life) over {} combinations",
+        args.size - added - refreshed,
+        shape.combinations()
     );
     Ok(())
 }

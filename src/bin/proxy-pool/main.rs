@@ -1,11 +1,13 @@
 //! `proxy-pool`: run the Distribution function locally and operate the pool.
 //!
 //! One file per command group: [`cli`] (every command and its arguments),
-//! [`serve`], [`load`] (`load`, `load-demo`), [`stats`] (`stats`, `prune`),
+//! [`serve`], [`load`] (`load`, `load-demo`), [`stats`] (`stats`, `prune`;
+//! the counting in [`inventory`]),
 //! [`contract`] (`health`, `claim`, `drain`, `ack`, `release`, `remove`),
 //! [`credentials`] (`hash-credential`), [`clients`] (`clients
 //! add|rotate|revoke|list|import`), [`aggregates`] (`aggregates flush`,
-//! `usage`) and [`bench`].
+//! `usage`) and [`bench`]. Their standard output goes through [`output`],
+//! so a reader that goes away ends a command quietly with status 0.
 
 mod aggregates;
 mod bench;
@@ -13,7 +15,9 @@ mod cli;
 mod clients;
 mod contract;
 mod credentials;
+mod inventory;
 mod load;
+mod output;
 mod serve;
 mod stats;
 
@@ -56,6 +60,7 @@ async fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<output::OutputClosed>() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("proxy-pool: {e}");
             ExitCode::FAILURE

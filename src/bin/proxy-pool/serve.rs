@@ -3,7 +3,6 @@
 //! without a Redis URL, a private `redis-server` with a demo pool and a demo
 //! client whose API key is printed.
 
-use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +13,7 @@ use proxy_pool::local::{RedisServer, demo_proxies};
 use proxy_pool::pool::RedisPool;
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{ClientRegistry, Guard};
+use proxy_pool::server::ServeOptions;
 use proxy_pool::startup::{self, LocalRegistry};
 
 use crate::CliResult;
@@ -77,20 +77,33 @@ pub async fn run(args: ServeArgs) -> CliResult {
     let app = Arc::new(App::new(config.settings(), pool, Arc::new(guard)));
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
-    println!("proxy-pool serve: listening on http://{addr}, pool in {origin}");
+    note(format_args!(
+        "proxy-pool serve: listening on http://{addr}, pool in {origin}"
+    ));
     let key_header = match &demo_key {
         Some(key) => format!(" -H 'X-API-Key: {key}'"),
         None => String::new(),
     };
-    println!(
+    note(format_args!(
         "try: curl -s -X POST http://{addr}{EXTRACT_PATH}{key_header} -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-0001' -d '{{\"count\":2,\"filters\":{{\"protocols\":[\"http\"]}}}}'"
-    );
-    println!("stop with Ctrl-C");
-    let _ = std::io::stdout().flush();
-    proxy_pool::server::serve(listener, app, shutdown_signal()).await?;
+    ));
+    note(format_args!("stop with Ctrl-C"));
+    let options = ServeOptions {
+        header_read_timeout: Duration::from_secs(args.header_read_timeout),
+        idle_timeout: Duration::from_secs(args.idle_timeout),
+        body_read_timeout: Duration::from_secs(args.body_read_timeout),
+        max_connections: args.max_connections as usize,
+    };
+    proxy_pool::server::serve_with(listener, app, options, shutdown_signal()).await?;
     drop(private);
-    println!("proxy-pool serve: stopped");
+    note(format_args!("proxy-pool serve: stopped"));
     Ok(())
+}
+
+/// Prints a line for the operator. A closed standard output (`serve | head
+/// -1`) does not stop the server: these lines only inform.
+fn note(line: std::fmt::Arguments<'_>) {
+    let _ = crate::output::line(line);
 }
 
 /// One `demo` client holding a fresh API key (returned, to be printed).

@@ -1,94 +1,156 @@
-//! Looking after the pool: `stats` (the inventory, as a table or JSON) and
-//! `prune`.
+//! Looking after the pool: `stats` (the inventory: a summary line, then
+//! every combination or groups of them, as a table; or JSON) and `prune`.
 
 use proxy_pool::clock::rfc3339;
-use proxy_pool::pool::MAX_PRUNE_BATCH;
+use proxy_pool::pool::{EXPIRING_WITHIN, MAX_PRUNE_BATCH};
+use serde_json::json;
 
 use crate::cli::{PoolArgs, StatsArgs};
+use crate::inventory::{Counts, Dimension, Group, Inventory, Rest, group, top};
+use crate::output::{say, table};
 use crate::{CliResult, operator_pool};
+
+/// The count columns of every table, in order.
+const COUNT_COLUMNS: [&str; 4] = ["eligible", "expiring<5m", "stale", "indexed"];
 
 /// `stats`.
 pub async fn stats(args: StatsArgs) -> CliResult {
     let (_, pool) = operator_pool(&args.pool)?;
     let policy = pool.policy();
-    let inventory = pool.inventory().await?;
-    let eligible: u64 = inventory.buckets.iter().map(|b| b.eligible).sum();
-    let indexed: u64 = inventory.buckets.iter().map(|b| b.indexed).sum();
+    let inventory = Inventory::count(&pool).await?;
+    let totals = inventory.totals();
+    let groups = (!args.by.is_empty()).then(|| {
+        let groups = group(&inventory.rows, &args.by);
+        match args.top {
+            Some(n) => top(groups, n),
+            None => (groups, None),
+        }
+    });
     if args.json {
-        let doc = serde_json::json!({
+        let mut doc = json!({
             "at": rfc3339(inventory.at_ms),
             "minRemainingTtlSeconds": policy.min_remaining_ttl.as_secs(),
             "maxHealthCheckAgeSeconds": policy.max_health_check_age.as_secs(),
-            "eligible": eligible,
-            "indexed": indexed,
+            "expiringWithinSeconds": EXPIRING_WITHIN.as_secs(),
             "heldByWorkers": inventory.held,
-            "buckets": inventory.buckets,
+            "combinations": inventory.rows.len(),
+            "buckets": inventory.rows,
         });
-        println!("{doc:#}");
+        merge_counts(&mut doc, &totals);
+        if let Some((shown, rest)) = &groups {
+            let by: Vec<&str> = args.by.iter().map(|d| d.as_str()).collect();
+            doc["by"] = json!(by);
+            doc["groups"] = json!(shown);
+            if let Some(rest) = rest {
+                doc["otherGroups"] = json!(rest);
+            }
+        }
+        say!("{doc:#}");
         return Ok(());
     }
-    let rows: Vec<[String; 6]> = inventory
-        .buckets
-        .iter()
-        .map(|b| {
-            [
-                b.upstream.clone(),
-                b.protocol.clone(),
-                b.region.clone(),
-                b.carrier.clone(),
-                b.eligible.to_string(),
-                b.indexed.to_string(),
-            ]
-        })
-        .collect();
-    print_table(
-        [
-            "upstream", "protocol", "region", "carrier", "eligible", "indexed",
-        ],
-        &rows,
-    );
-    println!(
-        "eligible {eligible} of {indexed} allocatable ({policy}), held by Workers {}, at {}",
+    say!(
+        "eligible {} ({policy}), expiring within 5 min {}, stale {} (past their deadline, until the next prune), held by Workers {}; indexed {} in {} combinations, at {}",
+        totals.eligible,
+        totals.expiring_within_5_minutes,
+        totals.stale,
         inventory.held,
+        totals.indexed,
+        inventory.rows.len(),
         rfc3339(inventory.at_ms)
     );
+    match groups {
+        None => print_combinations(&inventory, args.top),
+        Some((shown, rest)) => print_groups(&args.by, &shown, rest.as_ref()),
+    }
+}
+
+/// One row per combination (the `top` with the most eligible, if given).
+fn print_combinations(inventory: &Inventory, top_n: Option<usize>) -> CliResult {
+    let dims = [
+        Dimension::Upstream,
+        Dimension::Protocol,
+        Dimension::Region,
+        Dimension::Carrier,
+    ];
+    // Every combination is a group of one.
+    let groups = group(&inventory.rows, &dims);
+    let (shown, rest) = match top_n {
+        Some(n) => top(groups, n),
+        None => (groups, None),
+    };
+    let rows: Vec<Vec<String>> = shown
+        .iter()
+        .map(|g| cells(g.key.clone(), &g.counts))
+        .collect();
+    let header: Vec<&str> = dims
+        .iter()
+        .map(|d| d.as_str())
+        .chain(COUNT_COLUMNS)
+        .collect();
+    table(&header, &rows, dims.len())?;
+    if let Some(rest) = rest {
+        say!("{}", others(&rest, "combinations"));
+    }
     Ok(())
+}
+
+/// One row per group, then the groups left out by `--top`.
+fn print_groups(by: &[Dimension], shown: &[Group], rest: Option<&Rest>) -> CliResult {
+    let rows: Vec<Vec<String>> = shown
+        .iter()
+        .map(|g| {
+            let mut row = cells(g.key.clone(), &g.counts);
+            row.push(g.combinations.to_string());
+            row
+        })
+        .collect();
+    let header: Vec<&str> = by
+        .iter()
+        .map(|d| d.as_str())
+        .chain(COUNT_COLUMNS)
+        .chain(["combinations"])
+        .collect();
+    table(&header, &rows, by.len())?;
+    if let Some(rest) = rest {
+        say!("{}", others(rest, "groups"));
+    }
+    Ok(())
+}
+
+fn cells(mut key: Vec<String>, c: &Counts) -> Vec<String> {
+    key.extend(
+        [c.eligible, c.expiring_within_5_minutes, c.stale, c.indexed].map(|n| n.to_string()),
+    );
+    key
+}
+
+/// The line that accounts for what `--top` left out.
+fn others(rest: &Rest, what: &str) -> String {
+    format!(
+        "... and {} more {what}: eligible {}, expiring within 5 min {}, stale {}, indexed {}",
+        rest.groups,
+        rest.counts.eligible,
+        rest.counts.expiring_within_5_minutes,
+        rest.counts.stale,
+        rest.counts.indexed
+    )
+}
+
+fn merge_counts(doc: &mut serde_json::Value, counts: &Counts) {
+    if let (Some(doc), serde_json::Value::Object(counts)) = (doc.as_object_mut(), json!(counts)) {
+        doc.extend(counts);
+    }
 }
 
 /// `prune`.
 pub async fn prune(args: PoolArgs) -> CliResult {
     let (_, pool) = operator_pool(&args)?;
     let report = pool.prune_expired(MAX_PRUNE_BATCH, u32::MAX, None).await?;
-    println!(
+    say!(
         "pruned {} expired proxies and {} index entries in {} calls",
-        report.records, report.index_entries, report.batches
+        report.records,
+        report.index_entries,
+        report.batches
     );
     Ok(())
-}
-
-/// Prints `rows` under `header` in aligned columns: the first four
-/// left-aligned, the rest (numbers) right-aligned.
-pub fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
-    let header = header.map(String::from);
-    let mut widths = header.clone().map(|h| h.len());
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    for row in std::iter::once(&header).chain(rows) {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .enumerate()
-            .map(|(i, (c, w))| {
-                if i >= 4 {
-                    format!("{c:>w$}")
-                } else {
-                    format!("{c:<w$}")
-                }
-            })
-            .collect();
-        println!("{}", cells.join("  ").trim_end());
-    }
 }
