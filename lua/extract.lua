@@ -320,13 +320,14 @@ elseif want.p or want.r or want.c or want.u then
     local candidates = {}
     for _, k in ipairs(kinds) do
       local p, c, u = string.match(k, '^([^|]*)|([^|]*)|([^|]*)$')
-      for _, r in ipairs(named.r) do candidates[#candidates + 1] = p .. '|' .. r .. '|' .. c .. '|' .. u end
+      local cu = '|' .. c .. '|' .. u .. '|'
+      for _, r in ipairs(named.r) do candidates[#candidates + 1] = p .. '|' .. r .. cu end
     end
     work = work + #candidates / 4
     for i = 1, #candidates, CHUNK do
       local part = {unpack(candidates, i, math.min(i + CHUNK - 1, #candidates))}
       local counts = redis.call('HMGET', K.atoms, unpack(part))
-      for j, a in ipairs(part) do if counts[j] then slices[#slices + 1] = a .. '|' end end
+      for j, a in ipairs(part) do if counts[j] then slices[#slices + 1] = a end end
     end
     if #slices > MAX_SLICES then return refuse_broad(#slices, dims_used) end
   end
@@ -338,10 +339,40 @@ local dkey = K[DFAMILY[family] or 'live']
 -- 2. Count: the entries of the slices whose deadline is ahead.
 local from13 = pad13(now + 1)
 local function count_eligible()
-  work = work + #slices
   if family == 'pool' then
     return #slices == 0 and 0 or redis.call('ZCOUNT', K.live, '(' .. now_text, '+inf')
   end
+  if family == 'atom' then
+    -- A combination's entries are counted (atoms): less the spent ones,
+    -- read from `live` when there are few, there is no need to count each.
+    local spent = redis.call('ZCOUNT', K.live, '-inf', now_text)
+    if spent <= FEW then
+      local of = {}
+      if spent > 0 then
+        for _, m in ipairs(redis.call('ZRANGEBYSCORE', K.live, '-inf', now_text, 'LIMIT', 0, FEW)) do
+          local loc = locator_from('pool', m)
+          local p, r, c, u
+          if loc then p, r, c, u = split_locator(loc) end
+          if p then
+            local slice = slice_of('atom', p, r, c, u)
+            of[slice] = (of[slice] or 0) + 1
+          end
+        end
+      end
+      work = work + #slices / 4 + spent
+      local total = 0
+      for i = 1, #slices, CHUNK do
+        local part, fields = {}, {}
+        for j = i, math.min(i + CHUNK - 1, #slices) do part[#part + 1] = slices[j] end
+        local counts = redis.call('HMGET', K.atoms, unpack(part))
+        for j, s in ipairs(part) do
+          total = total + math.max(0, (tonumber(counts[j] or '0') or 0) - (of[s] or 0))
+        end
+      end
+      return total
+    end
+  end
+  work = work + #slices
   local total = 0
   for _, s in ipairs(slices) do
     total = total + redis.call('ZLEXCOUNT', dkey, '[' .. s .. from13, '[' .. s .. '\255')
@@ -384,10 +415,16 @@ local function fill(cur)
   if #page == 0 then cur.done = true; return false end
   cur.last = page[#page]
   cur.key = key_of(cur, page[1])
-  local locs = {}
-  for i, member in ipairs(page) do locs[i] = locator_from(family, member) or '' end
-  cur.locs = locs
-  cur.ds = redis.call('ZMSCORE', K.live, unpack(locs))
+  -- Their deadlines, by their members in `live` (the pool family's own).
+  local lives = page
+  if family ~= 'pool' then
+    lives = {}
+    for i, member in ipairs(page) do
+      local loc = locator_from(family, member)
+      lives[i] = loc and live_member(loc) or ''
+    end
+  end
+  cur.ds = redis.call('ZMSCORE', K.live, unpack(lives))
   return true
 end
 
@@ -396,7 +433,7 @@ local hints = {}
 if hinted and #slices > 1 then
   for i = 1, #slices, CHUNK do
     local fields = {}
-    for j = i, math.min(i + CHUNK - 1, #slices) do fields[#fields + 1] = family .. ':' .. slices[j] end
+    for j = i, math.min(i + CHUNK - 1, #slices) do fields[#fields + 1] = slices[j] end
     local values = redis.call('HMGET', K.hint, unpack(fields))
     for j, v in ipairs(values) do if v then hints[slices[i + j - 1]] = v end end
   end
@@ -421,10 +458,19 @@ local function sift_down(i)
     heap[i], heap[m] = heap[m], heap[i]; i = m
   end
 end
-local waiting = {}
-for i, s in ipairs(slices) do waiting[i] = {slice = s, hint = hints[s] or ''} end
-if #waiting > 1 then table.sort(waiting, function(a, b) return a.hint < b.hint end) end
+-- The slices not probed yet, in hint order: "<hint>\1<slice number>",
+-- sorted as plain strings (no comparison function: sorted in C).
+local order = {}
+for i, s in ipairs(slices) do order[i] = (hints[s] or '') .. '\1' .. i end
+if #order > 1 then table.sort(order) end
 local next_wait = 1
+local function waiting_at(n)
+  local entry = order[n]
+  if not entry then return nil end
+  local cut = string.find(entry, '\1', 1, true)
+  local s = slices[tonumber(string.sub(entry, cut + 1))]
+  return {slice = s, hint = string.sub(entry, 1, cut - 1)}
+end
 
 local first_page = math.min(target, math.ceil(target / math.max(#slices, 1))) + 1
 local cursors = {}
@@ -467,7 +513,7 @@ end
 
 while found < target and skipped <= SKIP_MAX do
   local top = heap[1]
-  local w = waiting[next_wait]
+  local w = waiting_at(next_wait)
   if w and (top == nil or w.hint <= top.key) then
     next_wait = next_wait + 1
     local cur = {slice = w.slice, prefix = w.slice, from_key = #w.slice + 1, page = first_page,
@@ -481,27 +527,40 @@ while found < target and skipped <= SKIP_MAX do
     local cur = top
     local i = cur.pos
     local member = cur.members[i]
-    local entry = {member = member, key = cur.key, cur = cur}
-    cur.examined[#cur.examined + 1] = entry
-    work = work + 1
     local d = cur.ds[i]
-    if cur.locs[i] == '' or not d then
-      entry.fate = 'junk'             -- not a member of an indexed entry
-    elseif tonumber(d) <= now then
-      entry.fate = 'spent'
-      skipped = skipped + 1
+    if d and tonumber(d) <= now then
+      -- A run of spent entries, passed over in one step (it may be long:
+      -- a stalled health checker's).
+      local first, last = i, #cur.members
+      while i < last and skipped + (i - first) < SKIP_MAX do
+        local nd = cur.ds[i + 1]
+        if not (nd and tonumber(nd) <= now) then break end
+        i = i + 1
+      end
+      skipped = skipped + (i - first + 1)
+      work = work + (i - first + 1) / 4
+      cur.examined[#cur.examined + 1] = {member = member, last = cur.members[i], key = cur.key,
+                                         cur = cur, fate = 'spent'}
     else
-      if not cur.records then load_records(cur) end
-      local j = cur.at[i]
-      local loc, d13 = cur.locs[i], pad13(tonumber(d))
-      local rec = fit(loc, d13, cur.records[j], cur.states[j])
-      if rec then
-        entry.loc, entry.d13, entry.rec, entry.raw = loc, d13, rec, cur.records[j]
-        valid[#valid + 1] = entry
-        found = found + 1
+      local entry = {member = member, key = cur.key, cur = cur}
+      cur.examined[#cur.examined + 1] = entry
+      work = work + 1
+      local loc = locator_from(family, member)
+      if not (loc and d) then
+        entry.fate = 'junk'             -- not a member of an indexed entry
       else
-        entry.fate = 'junk'
-        damaged[#damaged + 1] = {loc, d13}
+        if not cur.records then load_records(cur) end
+        local j = cur.at[i]
+        local d13 = pad13(tonumber(d))
+        local rec = fit(loc, d13, cur.records[j], cur.states[j])
+        if rec then
+          entry.loc, entry.d13, entry.rec, entry.raw = loc, d13, rec, cur.records[j]
+          valid[#valid + 1] = entry
+          found = found + 1
+        else
+          entry.fate = 'junk'
+          damaged[#damaged + 1] = {loc, d13}
+        end
       end
     end
     cur.pos = i + 1
@@ -530,7 +589,8 @@ local function plan_cleanup()
     end
     cur.run = run
     if run > 0 then
-      ranges[#ranges + 1] = {'[' .. cur.examined[1].member, '[' .. cur.examined[run].member}
+      local last = cur.examined[run]
+      ranges[#ranges + 1] = {'[' .. cur.examined[1].member, '[' .. (last.last or last.member)}
       for i = 1, run do ranged[cur.examined[i].member] = true end
     end
     for _, e in ipairs(cur.examined) do
@@ -578,7 +638,7 @@ if found < target and not exhausted then
       local members = redis.call('ZRANGEBYSCORE', K.live, '(' .. now_text, '+inf', 'WITHSCORES',
                                  'LIMIT', 0, FEW + 1)
       for i = 1, #members, 2 do
-        local _, _, _, _, e, id = split_locator(members[i])
+        local e, id = string.match(members[i], '^(%d+)|([^\t]+)\t')
         if e then
           cands[#cands + 1] = {key = e .. '|' .. id, id = id, d13 = pad13(tonumber(members[i + 1])),
                                slice = s, member = members[i]}
@@ -665,7 +725,7 @@ if hinted then
     elseif cur.done then h = '~'
     elseif cur.members and cur.members[cur.pos] then h = cur.key
     end
-    if h and h ~= cur.hint then hint_updates[#hint_updates + 1] = {family .. ':' .. cur.slice, h} end
+    if h and h ~= cur.hint then hint_updates[#hint_updates + 1] = {cur.slice, h} end
   end
 end
 -- A new hints key lives as long as the index. With no index (the pool

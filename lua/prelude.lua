@@ -37,9 +37,10 @@
 -- place is its locator
 --   "<protocol>|<region>|<carrier>|<upstream>|<expiresAt, 13 digits>|<id>"
 -- The index is two kinds of sorted set:
---   live      score D, member the locator: every indexed entry. It is the
---             index: an entry is indexed exactly when it is here, and its
---             score is the D its other members were written with.
+--   live      score D, member the entry's member in the pool family (below):
+--             every indexed entry. It is the index: an entry is indexed
+--             exactly when it is here, and its score is the D its other
+--             members were written with.
 --   By deadline (lex, all scores 0), one slice per value of the family's
 --   dimensions, sorted by D: exact counts of what is eligible (ZLEXCOUNT
 --   from "<slice><now + 1>"), whatever was spent and never pruned.
@@ -57,14 +58,14 @@
 --   took it out of that family only); every eligible entry is in all four.
 -- Counts that tell extraction which slices exist (so it never plans from
 -- what a request names, and leaves nothing behind for a value no entry has):
---   atoms  HASH "<p>|<r>|<c>|<u>" -> indexed entries of that combination
+--   atoms  HASH "<p>|<r>|<c>|<u>|" (the combination's slice) -> its indexed entries
 --   vp, vr, vc, vu  HASH value -> combinations (atoms) with that protocol,
 --          region, carrier, upstream
 --   kinds  HASH "<p>|<c>|<u>" -> combinations of that kind
---   hint   HASH "<family>:<slice>" -> a lower bound of the slice's first
+--   hint   HASH "<slice>" -> a lower bound of the slice's first
 --          "<expiry>|<id>" ("~": none left at the last walk); orders the
 --          probes of a many-slice extraction, never decides what it takes.
---          A slice has a hint only while it has entries.
+--          A slice has a hint exactly while it has entries.
 
 local K = {
   proxies = KEYS[1],  -- HASH id -> details JSON
@@ -75,12 +76,13 @@ local K = {
   region = KEYS[6],   -- ZSET (lex) by expiry
   kind = KEYS[7],     -- ZSET (lex) by expiry
   atom = KEYS[8],     -- ZSET (lex) by expiry
-  live = KEYS[9],     -- ZSET D -> locator: the index
+  live = KEYS[9],     -- ZSET D -> pool-family member: the index
   dregion = KEYS[10], -- ZSET (lex) by deadline
   dkind = KEYS[11],   -- ZSET (lex) by deadline
   datom = KEYS[12],   -- ZSET (lex) by deadline
-  hint = KEYS[13],    -- HASH "<family>:<slice>" -> lower bound of its first entry
-  atoms = KEYS[14],   -- HASH combination -> indexed entries
+  hint = KEYS[13],    -- HASH slice -> lower bound of its first entry (a slice's
+                      --   "|" count names its family: region 1, kind 3, atom 4)
+  atoms = KEYS[14],   -- HASH "<p>|<r>|<c>|<u>|" -> indexed entries
   vp = KEYS[15],      -- HASH protocol -> combinations
   vr = KEYS[16],      -- HASH region -> combinations
   vc = KEYS[17],      -- HASH carrier -> combinations
@@ -361,7 +363,7 @@ local function push(writes, op, key, a, b)
 end
 
 local function count_atom(writes, p, r, c, u, delta)
-  local atom = p .. '|' .. r .. '|' .. c .. '|' .. u
+  local atom = p .. '|' .. r .. '|' .. c .. '|' .. u .. '|'
   local n = writes.atoms[atom]
   if n == nil then writes.atom_order[#writes.atom_order + 1] = atom end
   writes.atoms[atom] = (n or 0) + delta
@@ -374,7 +376,7 @@ local function unindex_parts(writes, p, r, c, u, e, id, d13, skip)
   for _, family in ipairs(FAMILIES) do
     if family ~= skip then push(writes, 'zrem', K[family], (member_in(family, p, r, c, u, e, id))) end
   end
-  push(writes, 'zrem', K.live, p .. '|' .. r .. '|' .. c .. '|' .. u .. '|' .. e .. '|' .. id)
+  push(writes, 'zrem', K.live, (member_in('pool', p, r, c, u, e, id)))
   local tail = d13 .. '|' .. e .. '|' .. id
   for family, dkey in pairs(DFAMILY) do
     push(writes, 'zrem', K[dkey], slice_of(family, p, r, c, u) .. tail)
@@ -385,12 +387,14 @@ end
 -- Puts a record into the index with deadline `d`; `was` is the D13 of the
 -- members its locator `loc` already has (nil if none): those move.
 local function index_parts(writes, p, r, c, u, e, id, d, was)
-  local loc = p .. '|' .. r .. '|' .. c .. '|' .. u .. '|' .. e .. '|' .. id
+  local member
   for _, family in ipairs(FAMILIES) do
-    push(writes, 'zadd', K[family], '0', (member_in(family, p, r, c, u, e, id)))
+    local m = member_in(family, p, r, c, u, e, id)
+    if family == 'pool' then member = m end
+    push(writes, 'zadd', K[family], '0', m)
   end
   local d13 = pad13(d)
-  push(writes, 'zadd', K.live, d13, loc)
+  push(writes, 'zadd', K.live, d13, member)
   local tail = d13 .. '|' .. e .. '|' .. id
   for family, dkey in pairs(DFAMILY) do
     local slice = slice_of(family, p, r, c, u)
@@ -401,15 +405,16 @@ local function index_parts(writes, p, r, c, u, e, id, d, was)
 end
 
 -- A hint above an entry indexed now comes down to it, so extraction keeps
--- first-expired, first-out (a slice without a hint is probed first anyway).
--- `locs`: the locators this call indexes.
+-- first-expired, first-out; a slice without one gets one (so a many-slice
+-- extraction never has to probe a slice blind). `locs`: the locators this
+-- call indexes.
 local function lower_hints(writes, locs)
   local lowest, fields = {}, {}
   for _, loc in ipairs(locs) do
     local p, r, c, u, e, id = split_locator(loc)
     local key = e .. '|' .. id
     for _, family in ipairs({'region', 'kind', 'atom'}) do
-      local field = family .. ':' .. slice_of(family, p, r, c, u)
+      local field = slice_of(family, p, r, c, u)
       if lowest[field] == nil then fields[#fields + 1] = field end
       if lowest[field] == nil or key < lowest[field] then lowest[field] = key end
     end
@@ -418,14 +423,20 @@ local function lower_hints(writes, locs)
     local part = {unpack(fields, i, math.min(i + CHUNK - 1, #fields))}
     local old = redis.call('HMGET', K.hint, unpack(part))
     for j, field in ipairs(part) do
-      if old[j] and lowest[field] < old[j] then push(writes, 'hset', K.hint, field, lowest[field]) end
+      if not old[j] or lowest[field] < old[j] then push(writes, 'hset', K.hint, field, lowest[field]) end
     end
   end
 end
 
+-- The member of `live` for a locator: its member in the pool family.
+local function live_member(loc)
+  local p, r, c, u, e, id = split_locator(loc)
+  return p and member_in('pool', p, r, c, u, e, id) or ''
+end
+
 -- The D (13 digits) the index holds `loc` at, or nil when it is not indexed.
 local function indexed_at(loc)
-  local score = redis.call('ZSCORE', K.live, loc)
+  local score = redis.call('ZSCORE', K.live, live_member(loc))
   if not score then return nil end
   return pad13(tonumber(score))
 end
@@ -435,7 +446,7 @@ local function indexed_at_each(locs)
   local out = {}
   local asked, at = {}, {}
   for i, loc in ipairs(locs) do
-    if loc then asked[#asked + 1] = loc; at[#asked] = i end
+    if loc then asked[#asked + 1] = live_member(loc); at[#asked] = i end
   end
   for i = 1, #asked, CHUNK do
     local scores = redis.call('ZMSCORE', K.live, unpack(asked, i, math.min(i + CHUNK - 1, #asked)))
@@ -487,10 +498,10 @@ local function plan_counts(writes)
       if now > 0 then push(writes, 'hset', K.atoms, atom, tostring(now)) else push(writes, 'hdel', K.atoms, atom) end
       if (was > 0) ~= (now > 0) then
         local delta = now > 0 and 1 or -1
-        local p, r, c, u = string.match(atom, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+        local p, r, c, u = string.match(atom, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|$')
         move(K.vp, p, delta); move(K.vr, r, delta); move(K.vc, c, delta); move(K.vu, u, delta)
         move(K.kinds, p .. '|' .. c .. '|' .. u, delta)
-        if delta < 0 then gone[#gone + 1] = 'atom:' .. atom .. '|' end
+        if delta < 0 then gone[#gone + 1] = atom end
       end
     end
   end
@@ -503,8 +514,8 @@ local function plan_counts(writes)
         if not was then return redis.error_reply('ERR damaged pool: a count is not a number') end
         local now = math.max(0, was + m[field])
         if now > 0 then push(writes, 'hset', key, field, tostring(now)) else push(writes, 'hdel', key, field) end
-        if now == 0 and key == K.vr then gone[#gone + 1] = 'region:' .. field .. '|' end
-        if now == 0 and key == K.kinds then gone[#gone + 1] = 'kind:' .. field .. '|' end
+        if now == 0 and key == K.vr then gone[#gone + 1] = field .. '|' end
+        if now == 0 and key == K.kinds then gone[#gone + 1] = field .. '|' end
       end
     end
   end

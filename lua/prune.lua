@@ -57,7 +57,9 @@ end
 local spent = redis.call('ZRANGEBYSCORE', K.live, '-inf', now, 'WITHSCORES', 'LIMIT', 0, batch)
 if #spent == 2 * batch then more = 1 end
 for i = 1, #spent, 2 do
-  local p, r, c, u, e, id = split_locator(spent[i])
+  local loc = locator_from('pool', spent[i])
+  local p, r, c, u, e, id
+  if loc then p, r, c, u, e, id = split_locator(loc) end
   if p then
     unindex_parts(writes, p, r, c, u, e, id, pad13(tonumber(spent[i + 1])))
   else

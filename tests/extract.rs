@@ -492,7 +492,7 @@ async fn slice_hints_keep_fifo_and_hide_nothing() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!(hints.contains_key("region:shanghai|"), "{hints:?}");
+    assert!(hints.contains_key("shanghai|"), "{hints:?}");
 
     // Sooner than everything left, in the slice whose hint is furthest out.
     let mut early = proxy("h-early");
@@ -510,7 +510,7 @@ async fn slice_hints_keep_fifo_and_hide_nothing() {
     h.load(&[planted.clone()]).await;
     let _: () = redis::cmd("HSET")
         .arg(keys::IX_HINT)
-        .arg("region:beijing|")
+        .arg("beijing|")
         .arg("~")
         .query_async(&mut conn)
         .await

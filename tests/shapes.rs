@@ -8,94 +8,11 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
+use common::pools::{city_pool, commands_for, load_all, zcard};
 use common::{Harness, Planted, now_ms, plant, raw_record};
 use proxy_pool::pool::{NewProxy, keys};
-
-const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
-const CARRIERS: [&str; 3] = ["telecom", "unicom", "mobile"];
-const UPSTREAMS: [&str; 3] = ["provider-a", "provider-b", "provider-c"];
-
-/// The combination number `i` of a city-keyed pool with `cities` cities:
-/// protocol, city, carrier, upstream.
-fn combination(i: usize, cities: usize) -> (&'static str, String, &'static str, &'static str) {
-    (
-        PROTOCOLS[i % 3],
-        format!("city-{:03}", i / 3 % cities),
-        CARRIERS[i / (3 * cities) % 3],
-        UPSTREAMS[i / (9 * cities) % 3],
-    )
-}
-
-/// `n` healthy proxies spread round-robin over `3 x cities x 3 x 3`
-/// combinations, expiring 10 to 40 minutes from now in a scrambled order.
-fn city_pool(prefix: &str, n: usize, cities: usize) -> Vec<NewProxy> {
-    let now = now_ms();
-    let combinations = 27 * cities;
-    (0..n)
-        .map(|i| {
-            let (protocol, region, carrier, upstream) = combination(i % combinations, cities);
-            let expires_at = now + 600_000 + (i as i64 * 7_919 % 1_800) * 1_000 + i as i64 % 1_000;
-            NewProxy {
-                id: format!("{prefix}-{i:06}"),
-                protocol: protocol.into(),
-                host: format!("198.51.100.{}", i % 250 + 1),
-                port: 8000 + (i % 1000) as u16,
-                username: Some(format!("u{i}")),
-                password: Some(format!("p{i}")),
-                region,
-                carrier: carrier.into(),
-                upstream: upstream.into(),
-                expires_at,
-                usable_until: expires_at - 20_000,
-                health_ok: true,
-                health_checked_at: now,
-            }
-        })
-        .collect()
-}
-
-/// Redis's per-command call counts (`INFO commandstats`), which include the
-/// commands a script runs.
-async fn command_calls(h: &Harness) -> BTreeMap<String, u64> {
-    let mut conn = h.redis().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    common::command_calls(&info)
-}
-
-/// Commands Redis ran (scripts' own commands included, the script call
-/// itself and the inspection excluded) while `body` was extracted once.
-async fn commands_for(h: &Harness, body: &str) -> (u64, common::Reply) {
-    let before = command_calls(h).await;
-    let r = h.extract(body, &[]).await;
-    let after = command_calls(h).await;
-    let ran = after
-        .iter()
-        .filter(|(name, _)| !["evalsha", "eval", "info", "script", "ping"].contains(&name.as_str()))
-        .map(|(name, n)| n - before.get(name).copied().unwrap_or(0))
-        .sum();
-    (ran, r)
-}
-
-async fn load_all(h: &Harness, pool: &[NewProxy]) {
-    for chunk in pool.chunks(5_000) {
-        h.load(chunk).await;
-    }
-}
-
-async fn zcard(h: &Harness, key: &str) -> u64 {
-    let mut conn = h.redis().await;
-    redis::cmd("ZCARD")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap()
-}
 
 /// Proxies in the pools of [`thousands_of_combinations_cost_what_eighteen_do`]:
 /// 60,000, or `PROXY_POOL_SHAPES_POOL` (the quick tier of `scripts/test.sh`
@@ -351,7 +268,7 @@ async fn damaged_values_never_cause_a_partial_removal() {
                 .replace("\"port\":1", "\"port\":\"1\""),
         )
         .ignore()
-        .hset(keys::IX_HINT, "region:city-000|", "3.0")
+        .hset(keys::IX_HINT, "city-000|", "3.0")
         .ignore()
         .hset(keys::IX_KINDS, "not|a|kind|at all", "1")
         .ignore()

@@ -205,8 +205,13 @@ async fn ready(app: &App, request_id: &RequestId) -> Result<Response<Body>, Prob
     let findings = match readiness::findings(app).await {
         Ok(findings) => findings,
         Err(e) => {
+            let reason = if e.outage_class() == Some(OutageClass::Policy) {
+                Reason::PoolPolicyMismatch
+            } else {
+                Reason::RedisUnavailable
+            };
             let problem = pool_problem(e);
-            return Err(match readiness::header_value(&[Reason::RedisUnavailable]) {
+            return Err(match readiness::header_value(&[reason]) {
                 Some(value) => problem.with_header(reasons_header, value),
                 None => problem,
             });

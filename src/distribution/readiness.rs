@@ -44,6 +44,8 @@ pub enum Reason {
     Draining,
     /// Redis cannot be used (or the extraction script not loaded).
     RedisUnavailable,
+    /// The pool records another policy than this deployment's.
+    PoolPolicyMismatch,
     /// The client registry was never loaded: authenticated callers get 503.
     ClientRegistryMissing,
     /// The client registry copy in use is older than its refresh period.
@@ -59,6 +61,7 @@ impl Reason {
         match self {
             Self::Draining => "draining",
             Self::RedisUnavailable => "redis-unavailable",
+            Self::PoolPolicyMismatch => "pool-policy-mismatch",
             Self::ClientRegistryMissing => "client-registry-missing",
             Self::ClientRegistryStale => "client-registry-stale",
             Self::UsageUnflushed => "usage-unflushed",

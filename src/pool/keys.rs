@@ -49,11 +49,12 @@ pub const IX_DREGION: &str = "{pp}:ix:dregion";
 pub const IX_DKIND: &str = "{pp}:ix:dkind";
 /// Deadline family `atom` (lex `ZSET`): one slice per combination, by deadline.
 pub const IX_DATOM: &str = "{pp}:ix:datom";
-/// `HASH` `"<family>:<slice>"` -> lower bound of the slice's first entry: the
-/// order in which a many-slice extraction probes, never what it may take.
-/// Only slices that hold entries have one.
+/// `HASH` slice (`"<region>|"`, `"<p>|<c>|<u>|"` or `"<p>|<r>|<c>|<u>|"`) ->
+/// lower bound of the slice's first entry: the order in which a many-slice
+/// extraction probes, never what it may take. Exactly the slices that hold
+/// entries have one.
 pub const IX_HINT: &str = "{pp}:ix:hint";
-/// `HASH` `"<protocol>|<region>|<carrier>|<upstream>"` -> indexed entries.
+/// `HASH` `"<protocol>|<region>|<carrier>|<upstream>|"` -> indexed entries.
 pub const IX_ATOMS: &str = "{pp}:ix:atoms";
 /// `HASH` protocol -> combinations in the index with it.
 pub const IX_PROTOCOLS: &str = "{pp}:ix:vp";

@@ -28,8 +28,11 @@ const IDLE_PING_AFTER: Duration = Duration::from_secs(30);
 const MAX_REPEATS: u32 = 3;
 /// Pause before the n-th repeat of a call refused before it ran, times n.
 const REPEAT_AFTER: Duration = Duration::from_millis(20);
-/// Proxies sent to `lua/upsert.lua` per call.
-const UPSERT_BATCH: usize = 500;
+/// Proxies sent to `lua/upsert.lua` per call: few enough that one call
+/// holds Redis for a few milliseconds at most (tens of microseconds a
+/// proxy), so the Gateway and the clients sharing it never wait long
+/// behind a fill.
+const UPSERT_BATCH: usize = 64;
 /// The oldest Redis the scripts run on (Valkey reports its Redis level):
 /// they use `TIME` before writes, shebang flags and `PEXPIRETIME`.
 const MIN_REDIS: (u32, u32) = (7, 0);

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod model;
+pub mod pools;
 pub mod postgres;
 mod raw;
 mod tls;

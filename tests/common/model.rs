@@ -107,7 +107,11 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
             records.insert(format!("{id} (details left over)"), json(d));
         }
     }
-    let index: BTreeMap<String, i64> = live.into_iter().collect();
+    // `live` holds each entry by its member in the pool family.
+    let index: BTreeMap<String, i64> = live
+        .into_iter()
+        .map(|(m, d)| (locator_from("pool", &m).unwrap_or(m), d))
+        .collect();
     let disagree = |what: &str| Err(PoolError::Internal(format!("index sets disagree: {what}")));
     let split = |loc: &str| -> Option<[String; 6]> {
         let parts: Vec<&str> = loc.split('|').collect();
@@ -172,7 +176,7 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
     let mut atoms: BTreeMap<String, i64> = BTreeMap::new();
     for loc in index.keys() {
         if let Some([p, r, c, u, _, _]) = split(loc) {
-            *atoms.entry(format!("{p}|{r}|{c}|{u}")).or_default() += 1;
+            *atoms.entry(format!("{p}|{r}|{c}|{u}|")).or_default() += 1;
         }
     }
     if hash(&mut conn, keys::IX_ATOMS).await? != atoms {
@@ -181,6 +185,7 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
     let mut values: [BTreeMap<String, i64>; 5] = Default::default();
     for atom in atoms.keys() {
         let [p, r, c, u]: [&str; 4] = atom
+            .trim_end_matches('|')
             .split('|')
             .collect::<Vec<_>>()
             .try_into()
@@ -204,21 +209,20 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
             return disagree(key);
         }
     }
-    // Hints only for slices that hold entries.
+    // A hint for every slice that holds entries, and for no other (a
+    // slice's "|" count names its family: region 1, kind 3, atom 4).
     let hints: BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg(keys::IX_HINT)
         .query_async(&mut conn)
         .await?;
-    for field in hints.keys() {
-        let exists = match field.split_once(':') {
-            Some(("region", s)) => values[1].contains_key(s.trim_end_matches('|')),
-            Some(("kind", s)) => values[4].contains_key(s.trim_end_matches('|')),
-            Some(("atom", s)) => atoms.contains_key(s.trim_end_matches('|')),
-            _ => false,
-        };
-        if !exists {
-            return disagree(&format!("hint {field} of an empty slice"));
-        }
+    let slices: BTreeSet<String> = values[1]
+        .keys()
+        .map(|r| format!("{r}|"))
+        .chain(values[4].keys().map(|k| format!("{k}|")))
+        .chain(atoms.keys().cloned())
+        .collect();
+    if hints.keys().cloned().collect::<BTreeSet<_>>() != slices {
+        return disagree("hints");
     }
     // Every key lives until the latest expiry it describes (a key that
     // expired early would take live entries with it), and none lives forever.

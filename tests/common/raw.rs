@@ -78,7 +78,7 @@ pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
             .min(expires - (policy.min_remaining_ttl.as_millis() as i64).max(1) + 1)
             .min(checked + policy.max_health_check_age.as_millis() as i64 + 1);
         let tail = format!("{d:013}|{e}|{id}");
-        let atom = format!("{p}|{r}|{c}|{u}");
+        let atom = format!("{p}|{r}|{c}|{u}|");
         pipe.zadd(keys::IX_POOL, format!("{e}|{id}\t{p}|{r}|{c}|{u}"), 0)
             .ignore()
             .zadd(keys::IX_REGION, format!("{r}|{e}|{id}\t{p}|{c}|{u}"), 0)
@@ -87,13 +87,13 @@ pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
             .ignore()
             .zadd(keys::IX_ATOM, &loc, 0)
             .ignore()
-            .zadd(keys::IX_LIVE, &loc, d)
+            .zadd(keys::IX_LIVE, format!("{e}|{id}\t{p}|{r}|{c}|{u}"), d)
             .ignore()
             .zadd(keys::IX_DREGION, format!("{r}|{tail}"), 0)
             .ignore()
             .zadd(keys::IX_DKIND, format!("{p}|{c}|{u}|{tail}"), 0)
             .ignore()
-            .zadd(keys::IX_DATOM, format!("{atom}|{tail}"), 0)
+            .zadd(keys::IX_DATOM, format!("{atom}{tail}"), 0)
             .ignore()
             .hincr(keys::IX_ATOMS, &atom, 1)
             .ignore();
