@@ -59,10 +59,11 @@
 --      so a small request probes about one slice). Each page's deadlines are
 --      read from `live` in one ZMSCORE: a spent entry is passed over, an
 --      entry ahead of its deadline is re-checked against its record.
---      Past SKIP_MAX spent entries the walk stops: when at most FEW entries
---      are eligible they are read from the deadline family and taken in
---      expiry order; otherwise the call removes the spent run it passed from
---      the walked family and answers "again" (the next call starts past it).
+--      Past SKIP_MAX spent (or junk) entries the walk stops: when at most
+--      FEW entries are eligible they are read from the deadline family and
+--      taken in expiry order; otherwise the call removes the spent run it
+--      passed from the walked family and answers "again" (the next call
+--      starts past it).
 --   4. Fulfillment, then the writes: the taken entries leave the index,
 --      their details are deleted and their state becomes a tombstone; the
 --      spent run the walk passed leaves the walked family; hints; the
@@ -548,6 +549,7 @@ while found < target and skipped <= SKIP_MAX do
       local loc = locator_from(family, member)
       if not (loc and d) then
         entry.fate = 'junk'             -- not a member of an indexed entry
+        skipped = skipped + 1           -- (passed over like a spent one)
       else
         if not cur.records then load_records(cur) end
         local j = cur.at[i]
