@@ -336,13 +336,7 @@ async fn a_deployment_with_another_policy_refuses_loudly() {
         r.body
     );
     common::assert_valid("Problem", &serde_json::from_str(&r.body).unwrap());
-    let ready = common::send(
-        &app,
-        lambda_http::http::Request::get("/health/ready")
-            .body(lambda_http::Body::Empty)
-            .unwrap(),
-    )
-    .await;
+    let ready = common::get(&app, "/health/ready").await;
     assert_eq!((ready.status, ready.code()), (503, "POOL_POLICY_MISMATCH"));
     assert_eq!(
         ready.header("readiness-reasons"),

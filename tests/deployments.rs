@@ -15,9 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Reply, app_over, certificates, extract_as, proxies, proxy, send, test_config};
-use lambda_http::Body;
-use lambda_http::http::Request;
+use common::{Reply, app_over, certificates, extract_as, proxies, proxy, test_config};
 use proxy_pool::distribution::App;
 use proxy_pool::local::{Armed, RedisServer, Relay, TlsFiles};
 use proxy_pool::pool::{
@@ -76,11 +74,7 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: imp
 }
 
 async fn ready(app: &App) -> Reply {
-    send(
-        app,
-        Request::get("/health/ready").body(Body::Empty).unwrap(),
-    )
-    .await
+    common::get(app, "/health/ready").await
 }
 
 async fn record_status(conn: &mut MultiplexedConnection, id: &str) -> Option<String> {

@@ -147,13 +147,7 @@ async fn unavailable_redis_and_draining_are_503() {
     let config = common::test_config();
     let pool = RedisPool::new("redis://127.0.0.1:1/", Duration::from_millis(200)).unwrap();
     let app = common::app_over(&config, pool);
-    let r = common::send(
-        &app,
-        lambda_http::http::Request::get("/health/ready")
-            .body(lambda_http::Body::Empty)
-            .unwrap(),
-    )
-    .await;
+    let r = common::get(&app, "/health/ready").await;
     assert_eq!(
         (r.status, r.code(), reasons(&r)),
         (503, "SERVICE_UNAVAILABLE", Some("redis-unavailable"))

@@ -224,13 +224,7 @@ async fn a_refused_password_is_503() {
         "{}",
         r.body
     );
-    let ready = common::send(
-        &app,
-        lambda_http::http::Request::get("/health/ready")
-            .body(lambda_http::Body::Empty)
-            .unwrap(),
-    )
-    .await;
+    let ready = common::get(&app, "/health/ready").await;
     assert_eq!(ready.status, 503, "{}", ready.body);
     let err = pool.ping().await.unwrap_err();
     assert_eq!(err.outage_class(), Some(OutageClass::Authentication));

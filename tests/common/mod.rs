@@ -176,8 +176,7 @@ impl Harness {
 
     /// `GET path`.
     pub async fn get(&self, path: &str) -> Reply {
-        self.send(Request::get(path).body(Body::Empty).unwrap())
-            .await
+        get(&self.app, path).await
     }
 
     /// Sends a request from 127.0.0.1 unless it carries its own peer.
@@ -298,6 +297,11 @@ pub fn test_config() -> Config {
         client_rate: None,
         ..Config::default()
     }
+}
+
+/// A `GET` of `path` to `app`, from 127.0.0.1.
+pub async fn get(app: &App, path: &str) -> Reply {
+    send(app, Request::get(path).body(Body::Empty).unwrap()).await
 }
 
 /// Sends a request to `app` from 127.0.0.1 unless it carries its own peer.
