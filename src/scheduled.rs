@@ -19,11 +19,11 @@ use crate::pool::{PoolError, PruneReport, RedisPool};
 pub const METRICS_NAMESPACE: &str = "ProxyPool";
 /// Entries each prune script call examines per sweep (a few milliseconds of
 /// Redis time per call, so other clients never wait long behind one).
-const PRUNE_BATCH: u32 = 128;
+pub const PRUNE_BATCH: u32 = 128;
 /// Wall time one run may prune for (the function's timeout is 10 s): a
 /// stalled health checker's whole pool going stale at once is cleared by
 /// a few runs, and nothing waits for it meanwhile.
-const PRUNE_BUDGET: Duration = Duration::from_secs(4);
+pub const PRUNE_BUDGET: Duration = Duration::from_secs(4);
 /// EMF dimension value for an empty region (CloudWatch refuses empty values).
 const UNKNOWN: &str = "unknown";
 /// EMF `Function` dimension outside Lambda, where there is no function name.

@@ -130,3 +130,133 @@ async fn bench_refuses_to_flush_without_consent() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--flush"));
 }
+
+/// `--filters adversarial` runs the unfiltered call and every adversarial
+/// shape as cells of their own, each with its status mix, its Redis time
+/// against the unfiltered call and another client's PING; on a pool of
+/// 3 x 40 x 3 x 5 combinations the all-but-one shape names more
+/// combinations than one call may search, and is refused (422).
+#[tokio::test]
+async fn adversarial_filters_run_and_report() {
+    let report = bench_report(&[
+        "--sizes",
+        "4k",
+        "--combinations",
+        "3x40x3x5",
+        "--filters",
+        "adversarial",
+        "--counts",
+        "1",
+        "--concurrency",
+        "2",
+        "--max-requests",
+        "30",
+        "--seconds",
+        "0.1",
+        "--baseline-seconds",
+        "0.05",
+    ])
+    .await;
+    let cells = report["cells"].as_array().unwrap();
+    let names: Vec<&str> = cells
+        .iter()
+        .map(|c| c["filter"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "none",
+            "regions64-proto",
+            "regions64-car-up",
+            "regions16-every",
+            "invented-regions",
+            "invented-every",
+            "restricted-client",
+            "seed-example",
+            "all-but-one",
+            "most-slices"
+        ]
+    );
+    for cell in cells {
+        let requests = cell["requests"].as_u64().unwrap();
+        assert!(requests > 0, "{cell}");
+        let answered: u64 = cell["statuses"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(answered, requests, "{cell}");
+        assert!(cell["vsUnfiltered"].as_f64().unwrap() > 0.0, "{cell}");
+        assert!(cell["pings"].as_u64().unwrap() > 0, "{cell}");
+        assert!(cell["pingMaxUs"].as_u64().unwrap() > 0, "{cell}");
+        assert!(cell["slowestCallUs"].is_u64(), "{cell}");
+        let status = |s: &str| cell["statuses"][s].as_u64().unwrap_or(0);
+        match cell["filter"].as_str().unwrap() {
+            "none" => assert_eq!(cell["vsUnfiltered"], 1.0),
+            "invented-regions" | "invented-every" => {
+                assert_eq!(
+                    (status("200"), cell["proxies"].as_u64()),
+                    (requests, Some(0))
+                );
+            }
+            "all-but-one" => assert_eq!(status("422"), requests, "{cell}"),
+            _ => assert_eq!(status("200"), requests, "{cell}"),
+        }
+    }
+}
+
+/// `--stall` fills a pool that goes stale at once, then reports second by
+/// second, from before the stall: extractions, latencies, statuses (200
+/// or 409, never a 503), the backlog and what the prune removed.
+#[tokio::test]
+async fn stall_timeline_runs_and_reports() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--stall",
+            "--json",
+            "--sizes",
+            "3k",
+            "--combinations",
+            "18",
+            "--stall-after",
+            "6",
+            "--stall-seconds",
+            "3",
+            "--prune-every",
+            "1",
+            "--fresh-per-sec",
+            "100",
+            "--concurrency",
+            "2",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let timeline: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seconds = timeline["seconds"].as_array().unwrap();
+    let ts: Vec<i64> = seconds.iter().map(|s| s["t"].as_i64().unwrap()).collect();
+    assert_eq!(ts, [-2, -1, 0, 1, 2]);
+    for s in seconds {
+        assert!(s["extractions"].as_u64().unwrap() > 0, "{s}");
+        for status in s["statuses"].as_object().unwrap().keys() {
+            assert!(status == "200" || status == "409", "{s}");
+        }
+    }
+    // What was left of the pool at the stall is backlog until the prune.
+    assert!(seconds[1]["backlog"].as_u64().unwrap() > 0, "{timeline}");
+    let pruned: u64 = timeline["prunes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["indexEntries"].as_u64().unwrap())
+        .sum();
+    assert!(pruned > 0, "{timeline}");
+    assert!(timeline["p99Us"].as_u64().unwrap() > 0);
+}

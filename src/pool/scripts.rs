@@ -53,6 +53,13 @@ pub(super) static CLIENT_PUT: LazyLock<Script> =
 pub(super) static CLIENT_REVOKE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/client_revoke.lua")));
 
+/// The SHA-1 `EVALSHA` names `lua/extract.lua` by (as loaded, prelude
+/// joined in), so a reader of `SLOWLOG` or `MONITOR` can tell its calls
+/// from the other scripts'.
+pub fn extract_hash() -> &'static str {
+    EXTRACT.get_hash()
+}
+
 /// An invocation of a pool script with the pool keys declared and the
 /// caller's pool policy as its first argument.
 pub(super) fn with_pool_keys<'a>(script: &'a Script, policy: &PoolPolicy) -> ScriptInvocation<'a> {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use proxy_pool::local::PoolShape;
 
-use crate::bench::{FilterShape, parse_size};
+use crate::bench::{FilterSet, parse_size};
 use crate::inventory::Dimension;
 
 /// `proxy-pool`.
@@ -66,7 +66,7 @@ pub enum Command {
     /// Measure extraction throughput and latency through the real handler
     /// against a trivial EVALSHA on the same Redis (see docs/performance.md).
     /// Build with --release.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
 }
 
 /// `aggregates …`.
@@ -354,8 +354,9 @@ pub struct LoadDemoArgs {
     #[arg(long, default_value = "300", value_parser = parse_size)]
     pub size: usize,
     /// Spread them over this many protocol x region x carrier x upstream
-    /// combinations: 18, or a multiple of 27 for a city-keyed pool (e.g.
-    /// 19980); default: the demo pool's 54, which events/README.md describes.
+    /// combinations: 18, a multiple of 27 for a city-keyed pool (e.g.
+    /// 19980), or PxRxCxU (e.g. 3x400x3x5, 2x16x25x25); default: the demo
+    /// pool's 54, which events/README.md describes.
     #[arg(long, value_parser = PoolShape::parse)]
     pub combinations: Option<PoolShape>,
 }
@@ -374,13 +375,19 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_parser = parse_size)]
     pub sizes: Vec<usize>,
     /// Pool shapes, as protocol x region x carrier x upstream
-    /// combinations: 18, or a multiple of 27 for a city-keyed pool
-    /// (default 18,2700,10800).
+    /// combinations: 18, a multiple of 27 for a city-keyed pool, or
+    /// PxRxCxU (protocols 1-3 x regions x carriers x upstreams, e.g.
+    /// 3x400x3x5 or 2x16x25x25) (default 18,2700,10800).
     #[arg(long, value_delimiter = ',', value_parser = PoolShape::parse)]
     pub combinations: Vec<PoolShape>,
-    /// Filter shapes: none, region, region-carrier, protocol-upstream (default all).
-    #[arg(long, value_delimiter = ',', value_parser = FilterShape::parse)]
-    pub filters: Vec<FilterShape>,
+    /// Filter shapes: none, region, region-carrier, protocol-upstream
+    /// (default: these four), or adversarial: the costliest legal
+    /// requests (none first, then regions64-proto, regions64-car-up,
+    /// regions16-every, invented-regions, invented-every,
+    /// restricted-client, seed-example, all-but-one, most-slices; any of
+    /// them also by name).
+    #[arg(long, value_delimiter = ',', value_parser = FilterSet::parse)]
+    pub filters: Vec<FilterSet>,
     /// Proxies per request (e.g. 1,10,100).
     #[arg(long, value_delimiter = ',')]
     pub counts: Vec<u32>,
@@ -424,6 +431,43 @@ pub struct BenchArgs {
     /// instead of calling the handler in process.
     #[arg(long)]
     pub http: bool,
+    /// Every request asks `allOrNothing` (default: partial).
+    #[arg(long)]
+    pub all_or_nothing: bool,
+    /// At most this many requests per second per cell, in all (default:
+    /// as fast as the C tasks go).
+    #[arg(long)]
+    pub pace: Option<f64>,
+    /// Turn the per-client rate limit on, RATE[:BURST] (e.g. 20:40, the
+    /// default of a deployment); the bench's anonymous tasks are one client.
+    #[arg(long)]
+    pub client_rate: Option<String>,
+    /// Another client PINGs Redis every this many ms, on its own connection
+    /// and thread, during the timed rounds; its slowest and p99 round trips
+    /// are reported (0: off; default 1).
+    #[arg(long)]
+    pub ping_every_ms: Option<u64>,
+    /// Instead of the cells: the stale-backlog timeline. Fill N (the first
+    /// --sizes, default 1M) proxies of the first --combinations whose health
+    /// checks all go stale at one instant after the fill, then per second:
+    /// a Controller adding fresh proxies, extraction clients (count=1,
+    /// partial and allOrNothing), the scheduled prune.
+    #[arg(long)]
+    pub stall: bool,
+    /// --stall: seconds from the start of the fill to the stall (default:
+    /// N / 5000 + 10; the fill must end before it).
+    #[arg(long)]
+    pub stall_after: Option<f64>,
+    /// --stall: seconds measured after the stall (default 60).
+    #[arg(long)]
+    pub stall_seconds: Option<u64>,
+    /// --stall: fresh proxies the Controller adds per second (default 2000).
+    #[arg(long)]
+    pub fresh_per_sec: Option<u64>,
+    /// --stall: seconds between runs of the scheduled prune (batch 128, a
+    /// 4 s budget, as the scheduled invocation runs it; default 10; 0: none).
+    #[arg(long)]
+    pub prune_every: Option<u64>,
     /// A smoke run: N=1k, 18 combinations, no filters, counts 1,10, C 1,8,
     /// a few hundred requests per cell.
     #[arg(long)]

@@ -56,7 +56,7 @@ async fn main() -> ExitCode {
         Command::LoadDemo(args) => load::load_demo(args).await,
         Command::Aggregates(cli::AggregatesCommand::Flush(args)) => aggregates::flush(args).await,
         Command::Usage(args) => aggregates::usage(args).await,
-        Command::Bench(args) => bench::command(args).await,
+        Command::Bench(args) => bench::command(*args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,6 +2,7 @@
 //! of requests from C tasks, between two windows of the trivial script, with
 //! Redis's own counters read around each.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -20,20 +21,48 @@ use super::{Bench, BenchError};
 
 /// What the C tasks of one round observed.
 #[derive(Default)]
-struct Round {
-    latencies_us: Vec<u64>,
-    proxies: u64,
-    short: usize,
-    failed: usize,
+pub(super) struct Round {
+    pub latencies_us: Vec<u64>,
+    pub proxies: u64,
+    pub short: usize,
+    pub failed: usize,
+    /// Answers by HTTP status (0: no answer).
+    pub statuses: BTreeMap<u16, usize>,
 }
 
 impl Round {
     /// Adds what `other` observed to this one.
-    fn absorb(&mut self, other: Round) {
+    pub(super) fn absorb(&mut self, other: Round) {
         self.latencies_us.extend(other.latencies_us);
         self.proxies += other.proxies;
         self.short += other.short;
         self.failed += other.failed;
+        for (status, n) in other.statuses {
+            *self.statuses.entry(status).or_default() += n;
+        }
+    }
+}
+
+/// How one request goes: its filters, count and fulfillment.
+#[derive(Clone, Copy)]
+pub(super) struct Ask {
+    pub filter: FilterShape,
+    pub count: u32,
+    /// Every request asks `allOrNothing` (else the default, partial).
+    pub all_or_nothing: bool,
+    /// Every other request asks `allOrNothing`, starting with the second.
+    pub alternate: bool,
+}
+
+impl Ask {
+    /// The body of the `seq`th request.
+    fn body(&self, seq: u64, shape: proxy_pool::local::PoolShape) -> String {
+        let body = self.filter.body(self.count, seq, shape);
+        if self.all_or_nothing || (self.alternate && seq % 2 == 1) {
+            format!("{{\"fulfillment\":\"allOrNothing\",{}", &body[1..])
+        } else {
+            body
+        }
     }
 }
 
@@ -43,6 +72,14 @@ struct ServerStats {
     evalsha_calls: u64,
     evalsha_usec: u64,
     cpu_seconds: f64,
+}
+
+/// The extraction calls `SLOWLOG` kept (those of 1 ms or more).
+#[derive(Clone, Copy, Default)]
+struct SlowCalls {
+    slowest_us: u64,
+    over_1ms: u64,
+    over_5ms: u64,
 }
 
 impl Bench {
@@ -68,6 +105,50 @@ impl Bench {
         Ok(stats)
     }
 
+    /// The extraction calls `SLOWLOG` kept since the last read, which it
+    /// forgets (none when `SLOWLOG` is not available: `None`).
+    async fn slow_calls(&self) -> Option<SlowCalls> {
+        let mut conn = self.conn.clone();
+        let entries: redis::Value = redis::cmd("SLOWLOG")
+            .arg("GET")
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        redis::cmd("SLOWLOG")
+            .arg("RESET")
+            .query_async::<()>(&mut conn)
+            .await
+            .ok()?;
+        let sha = proxy_pool::pool::extract_hash();
+        let mut slow = SlowCalls::default();
+        let redis::Value::Array(entries) = entries else {
+            return Some(slow);
+        };
+        for entry in entries {
+            let redis::Value::Array(fields) = entry else {
+                continue;
+            };
+            let (Some(redis::Value::Int(us)), Some(redis::Value::Array(args))) =
+                (fields.get(2), fields.get(3))
+            else {
+                continue;
+            };
+            let is_extract =
+                matches!(args.get(1), Some(redis::Value::BulkString(b)) if b == sha.as_bytes());
+            if !is_extract {
+                continue;
+            }
+            let us = *us as u64;
+            slow.slowest_us = slow.slowest_us.max(us);
+            slow.over_1ms += 1;
+            if us > 5_000 {
+                slow.over_5ms += 1;
+            }
+        }
+        Some(slow)
+    }
+
     /// Runs one cell.
     pub(super) async fn cell(
         &self,
@@ -77,6 +158,12 @@ impl Bench {
         count: u32,
         c: usize,
     ) -> Result<Cell, BenchError> {
+        let ask = Ask {
+            filter,
+            count,
+            all_or_nothing: plan.all_or_nothing,
+            alternate: false,
+        };
         let target = n.max(2 * c * count as usize);
         let per_round = (target / 2 / count as usize).max(c);
         let baseline = Duration::from_secs_f64(plan.baseline_seconds / 2.0);
@@ -84,7 +171,7 @@ impl Bench {
 
         // Warm-up: connections, script cache, allocator.
         self.top_up(target).await?;
-        self.round(filter, count, c, c, Duration::from_secs(5))
+        self.round(ask, c, c, Duration::from_secs(5), plan.pace)
             .await;
 
         let mut trivial = self.trivial(c, baseline).await?;
@@ -92,16 +179,35 @@ impl Bench {
         let mut elapsed = Duration::ZERO;
         let (mut calls, mut usec, mut redis_cpu, mut client_cpu) = (0u64, 0u64, 0.0f64, 0.0f64);
         let mut cpu_known = true;
+        let mut slow = Some(SlowCalls::default());
+        if let Some(pinger) = &self.pinger {
+            pinger.take();
+        }
         while elapsed < timed && all.latencies_us.len() < plan.max_requests {
             self.top_up(target).await?;
             let budget = per_round.min(plan.max_requests - all.latencies_us.len());
+            self.slow_calls().await;
             let before = self.server_stats().await?;
             let cpu_before = process_cpu_seconds();
             let started = Instant::now();
-            let round = self.round(filter, count, c, budget, timed - elapsed).await;
+            if let Some(pinger) = &self.pinger {
+                pinger.record(true);
+            }
+            let round = self.round(ask, c, budget, timed - elapsed, plan.pace).await;
+            if let Some(pinger) = &self.pinger {
+                pinger.record(false);
+            }
             elapsed += started.elapsed();
             let cpu_after = process_cpu_seconds();
             let after = self.server_stats().await?;
+            slow = match (slow, self.slow_calls().await) {
+                (Some(a), Some(b)) => Some(SlowCalls {
+                    slowest_us: a.slowest_us.max(b.slowest_us),
+                    over_1ms: a.over_1ms + b.over_1ms,
+                    over_5ms: a.over_5ms + b.over_5ms,
+                }),
+                _ => None,
+            };
             calls += after.evalsha_calls.saturating_sub(before.evalsha_calls);
             usec += after.evalsha_usec.saturating_sub(before.evalsha_usec);
             redis_cpu += after.cpu_seconds - before.cpu_seconds;
@@ -111,6 +217,7 @@ impl Bench {
             }
             all.absorb(round);
         }
+        let pings = self.pinger.as_ref().map(|p| p.take());
         let after = self.trivial(c, baseline).await?;
         trivial.calls += after.calls;
         trivial.seconds += after.seconds;
@@ -152,26 +259,41 @@ impl Bench {
                 .then(|| client_cpu * 1e6 / requests as f64),
             short: all.short,
             failed: all.failed,
+            statuses: all.statuses,
+            vs_unfiltered: None,
+            slowest_call_us: slow.map(|s| s.slowest_us),
+            calls_over_1ms: slow.map(|s| s.over_1ms),
+            calls_over_5ms: slow.map(|s| s.over_5ms),
+            ping_max_us: pings.map(|p| p.max_us),
+            ping_p99_us: pings.map(|p| p.p99_us),
+            pings: pings.map_or(0, |p| p.count),
+            redis_busy: usec as f64 / 1e6 / seconds.max(1e-9),
         })
     }
 
-    /// `budget` requests through the handler from `c` tasks, or until `limit`.
-    async fn round(
+    /// `budget` requests through the handler from `c` tasks, or until
+    /// `limit`; with `pace`, at most that many requests per second in all
+    /// (each task waits for its turn on one schedule).
+    pub(super) async fn round(
         &self,
-        filter: FilterShape,
-        count: u32,
+        ask: Ask,
         c: usize,
         budget: usize,
         limit: Duration,
+        pace: Option<f64>,
     ) -> Round {
+        let count = ask.count;
         let remaining = Arc::new(AtomicUsize::new(budget));
-        let deadline = Instant::now() + limit;
+        let started = Instant::now();
+        let deadline = started + limit;
+        let tickets = Arc::new(AtomicU64::new(0));
         let shape = self.shape();
         let mut tasks = JoinSet::new();
         let front = self.front();
         for task in 0..c {
             let front = front.clone();
             let remaining = remaining.clone();
+            let tickets = tickets.clone();
             let first = self.next_request.fetch_add(1 << 32, Ordering::Relaxed);
             let keys = self
                 .idempotency
@@ -190,6 +312,14 @@ impl Bench {
                     .is_ok()
                     && Instant::now() < deadline
                 {
+                    if let Some(pace) = pace {
+                        let ticket = tickets.fetch_add(1, Ordering::Relaxed);
+                        let at = started + Duration::from_secs_f64(ticket as f64 / pace);
+                        if at >= deadline {
+                            break;
+                        }
+                        tokio::time::sleep_until(at.into()).await;
+                    }
                     let mut request =
                         Request::post(EXTRACT_PATH).header("content-type", "application/json");
                     if let Some(base) = keys {
@@ -199,13 +329,15 @@ impl Bench {
                         let client = (task * 7919 + i as usize) % clients;
                         request = request.header("x-api-key", client_key(client));
                     }
-                    let body = filter.body(count, first + i, shape);
+                    let body = ask.body(first + i, shape);
                     i += 1;
                     let started = Instant::now();
                     let answer = caller.call(request, body).await;
                     round
                         .latencies_us
                         .push(started.elapsed().as_micros() as u64);
+                    let status = answer.as_ref().map_or(0, |(s, _)| s.as_u16());
+                    *round.statuses.entry(status).or_default() += 1;
                     let Some((StatusCode::OK, text)) = answer else {
                         round.failed += 1;
                         continue;
@@ -284,7 +416,7 @@ fn returned(body: &str) -> Option<u64> {
 }
 
 /// The `q` quantile of sorted `values` (nearest rank).
-fn percentile(sorted: &[u64], q: f64) -> u64 {
+pub(super) fn percentile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }

@@ -61,8 +61,14 @@ impl Bench {
         Ok(())
     }
 
-    /// Adds `n` fresh synthetic proxies, several upsert calls in flight.
-    pub(super) async fn add(&self, n: usize, show: bool) -> Result<(), BenchError> {
+    /// Adds `n` fresh synthetic proxies, several upsert calls in flight;
+    /// their last health check at `checked_at` (Unix ms; default: now).
+    pub(super) async fn add(
+        &self,
+        n: usize,
+        show: bool,
+        checked_at: Option<i64>,
+    ) -> Result<(), BenchError> {
         let first = self.next_seq.fetch_add(n as u64, Ordering::Relaxed);
         let now = proxy_pool::clock::now_ms();
         let shape = self.shape();
@@ -75,7 +81,11 @@ impl Bench {
                 let from = first + start as u64;
                 tasks.spawn(async move {
                     let batch: Vec<NewProxy> = (from..from + len as u64)
-                        .map(|seq| synthetic_proxy(seq as usize, now, shape))
+                        .map(|seq| {
+                            let mut p = synthetic_proxy(seq as usize, now, shape);
+                            p.health_checked_at = checked_at.unwrap_or(now);
+                            p
+                        })
                         .collect();
                     let statuses = pool.upsert(&batch).await?;
                     let added = statuses
@@ -109,7 +119,7 @@ impl Bench {
             .query_async(&mut self.conn.clone())
             .await?;
         if have < target {
-            self.add(target - have, false).await?;
+            self.add(target - have, false, None).await?;
         }
         Ok(())
     }

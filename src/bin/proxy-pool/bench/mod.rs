@@ -2,7 +2,8 @@
 //! handler, measured against the ceiling of the same Redis in the same run.
 //!
 //! For each pool size N and pool shape ([`PoolShape`]: how many protocol x
-//! region x carrier x upstream combinations, 18 to a city-keyed 10,800) the
+//! region x carrier x upstream combinations, 18 to a city-keyed 10,800, or
+//! any composition spelled `PxRxCxU`, e.g. 3x400x3x5 or 2x16x25x25) the
 //! database is flushed and filled with N synthetic proxies
 //! ([`synthetic_proxy`], TEST-NET addresses). Then every (filter shape,
 //! count, C) cell:
@@ -14,8 +15,9 @@
 //! 2. drives [`distribution::handle`] from C tasks with
 //!    `POST /api/v1/proxies/extract` `{"count":K}` and the cell's filters
 //!    ([`FilterShape`]: none, one region, region + carrier, protocol +
-//!    upstream; the values rotate from request to request over the pool's
-//!    own), anonymous (`AuthSchemes` `none`; with `--registry-clients N`,
+//!    upstream, or the adversarial shapes: the costliest legal requests;
+//!    the values rotate from request to request over the pool's own),
+//!    anonymous (`AuthSchemes` `none`; with `--registry-clients N`,
 //!    an API key of one of N clients in the Redis registry), rate limits
 //!    off, no `Idempotency-Key` unless asked, the usage counters on (as with
 //!    an aggregates database) unless `--no-usage-counters`, and the access
@@ -35,6 +37,13 @@
 //! `INFO cpu` per call) over exactly the timed rounds, the trivial script's
 //! the same way over its own windows, and the bench's own CPU time per
 //! request (handler + redis-rs + tokio, from `/proc/self/task/*/schedstat`).
+//! It also reads `SLOWLOG` (set to keep calls of 1 ms or more) for the
+//! longest extraction call, and has another client `PING` Redis every
+//! millisecond ([`pinger`]) for the longest any bystander waited. Each
+//! cell's cost is also read against the unfiltered count=1 cell of the same
+//! run, and its answers are counted by HTTP status.
+//!
+//! `--stall` runs something else: the stale-backlog timeline ([`stall`]).
 //!
 //! The parts, one concern each: [`plan`] (what to measure: the matrix and
 //! its arguments), [`filters`] (the filter sets a cell's requests carry:
@@ -42,16 +51,19 @@
 //! filling, top-ups, the registry's clients), [`caller`] (a request in
 //! process or over HTTP), [`replicas`] (replicas behind relays that delay
 //! replication), [`cell`] (the cell runner: rounds, the trivial-script
-//! baseline, Redis's counters) and [`report`] (cells, fills, the table,
-//! progress).
+//! baseline, Redis's counters), [`pinger`] (the bystander's `PING`),
+//! [`report`] (cells, fills, the table, progress) and [`stall`] (the
+//! stale-backlog timeline).
 
 mod caller;
 mod cell;
 mod fill;
 mod filters;
+mod pinger;
 mod plan;
 mod replicas;
 mod report;
+mod stall;
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -73,11 +85,12 @@ use crate::CliResult;
 use crate::cli::BenchArgs;
 use caller::Front;
 use cell::info_field;
-pub use filters::FilterShape;
-use plan::Plan;
+pub use filters::FilterSet;
+use pinger::Pinger;
 pub use plan::parse_size;
+use plan::{Plan, StallPlan};
 use replicas::{RelayThread, Variant, start_replicas};
-use report::{Fill, Progress, Report, human, peak_rss_kib, row};
+use report::{Fill, Progress, Report, human, peak_rss_kib, relate, row};
 
 /// `bench`: checks the arguments, runs the plan they describe, prints the
 /// report (a table, or JSON).
@@ -94,7 +107,7 @@ pub async fn command(args: BenchArgs) -> CliResult {
         plan.combinations = args.combinations;
     }
     if !args.filters.is_empty() {
-        plan.filters = args.filters;
+        plan.filters = args.filters.into_iter().flat_map(|set| set.0).collect();
     }
     if !args.counts.is_empty() {
         plan.counts = args.counts;
@@ -134,6 +147,45 @@ pub async fn command(args: BenchArgs) -> CliResult {
         return Err("--replicas needs the bench's private Redis (no --redis-url)".into());
     }
     plan.usage_counters = !args.no_usage_counters;
+    plan.all_or_nothing = args.all_or_nothing;
+    plan.pace = args.pace;
+    plan.ping_every_ms = args.ping_every_ms.unwrap_or(plan.ping_every_ms);
+    if let Some(rate) = &args.client_rate {
+        proxy_pool::security::Rate::parse(rate).map_err(|e| format!("--client-rate: {e}"))?;
+        plan.client_rate = Some(rate.clone());
+    }
+    if plan.pace.is_some_and(|p| p.is_nan() || p <= 0.0) {
+        return Err("--pace must be > 0".into());
+    }
+    if args.stall {
+        let n = plan.sizes.first().copied().unwrap_or(1_000_000);
+        let mut stall = StallPlan::for_pool(n);
+        stall.after_seconds = args.stall_after.unwrap_or(stall.after_seconds);
+        stall.lead_seconds = stall.lead_seconds.min((stall.after_seconds / 3.0) as u64);
+        stall.seconds = args.stall_seconds.unwrap_or(stall.seconds);
+        stall.fresh_per_sec = args.fresh_per_sec.unwrap_or(stall.fresh_per_sec);
+        stall.prune_every = args.prune_every.unwrap_or(stall.prune_every);
+        stall.clients = plan.concurrency.first().copied().unwrap_or(stall.clients);
+        if stall.after_seconds.is_nan()
+            || stall.after_seconds <= 0.0
+            || stall.seconds == 0
+            || plan.replicas > 0
+        {
+            return Err(
+                "--stall: --stall-after and --stall-seconds must be > 0, and no --replicas".into(),
+            );
+        }
+        plan.stall = Some(stall);
+    } else if args.stall_after.is_some()
+        || args.stall_seconds.is_some()
+        || args.fresh_per_sec.is_some()
+        || args.prune_every.is_some()
+    {
+        return Err(
+            "--stall-after, --stall-seconds, --fresh-per-sec and --prune-every go with --stall"
+                .into(),
+        );
+    }
     if plan.counts.iter().any(|c| !(1..=1000).contains(c))
         || plan.concurrency.iter().any(|c| !(1..=1024).contains(c))
         || !(plan.seconds > 0.0 && plan.baseline_seconds > 0.0)
@@ -157,6 +209,15 @@ pub async fn command(args: BenchArgs) -> CliResult {
         eprintln!("proxy-pool bench: this is a debug build; measure with --release");
     }
     let progress = Progress::new(std::io::stderr().is_terminal());
+    if plan.stall.is_some() {
+        let timeline = stall::run(plan, target, progress).await?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&timeline)?);
+        } else {
+            print!("{}", timeline.table());
+        }
+        return Ok(());
+    }
     let report = run(plan, target, progress).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -216,6 +277,84 @@ struct Bench {
     idempotency: bool,
     registry_clients: usize,
     shape: std::sync::Mutex<PoolShape>,
+    /// Another client's `PING` (with `ping_every_ms`).
+    pinger: Option<Pinger>,
+}
+
+impl Bench {
+    /// The handlers `plan` asks for (one per `replica_acks` value, in
+    /// process or behind `serve`'s server) on the Redis at `url`, and
+    /// Redis's version.
+    async fn new(
+        plan: &Plan,
+        url: &str,
+        relays: Vec<Relay>,
+        progress: Progress,
+    ) -> Result<(Self, String), BenchError> {
+        let url = url.to_owned();
+        let config = bench_config(plan, &url)?;
+        let pool = RedisPool::with_options(&url, &config.redis_options())?;
+        let mut settings = config.settings();
+        if plan.usage_counters {
+            // As with an aggregates database configured (the bench flushes nothing).
+            settings.policy.usage_retention = Some(config.aggregates_retention);
+        }
+        let mut fronts = Vec::new();
+        let mut servers = JoinSet::new();
+        for &acks in &plan.replica_acks {
+            let options = RedisOptions {
+                replica_acks: acks,
+                replica_ack_timeout: config.replica_ack_timeout,
+                ..config.redis_options()
+            };
+            let pool = RedisPool::with_options(&url, &options)?;
+            let registry: Directory = if plan.registry_clients > 0 {
+                RedisRegistry::new(pool.clone()).into()
+            } else {
+                RegistryHandle::default().into()
+            };
+            let guard = Guard::new(config.auth_schemes, SourcePolicy::default(), registry);
+            let app = Arc::new(App::new(settings.clone(), pool, Arc::new(guard)));
+            fronts.push(if plan.http {
+                let unbound = |e: std::io::Error| BenchError::Failed(format!("listener: {e}"));
+                let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                    .await
+                    .map_err(unbound)?;
+                let addr = listener.local_addr().map_err(unbound)?;
+                servers.spawn(server::serve(listener, app, std::future::pending()));
+                Front::Http(addr)
+            } else {
+                Front::InProcess(app)
+            });
+        }
+        let mut conn = pool.connection();
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await?;
+        let redis_version = info_field(&info, "redis_version").unwrap_or_default();
+        let bench = Bench {
+            fronts,
+            servers,
+            relays,
+            variant: std::sync::Mutex::new(Variant::default()),
+            conn,
+            pool,
+            trivial: Arc::new(Script::new("return 1")),
+            next_seq: AtomicU64::new(0),
+            next_key: AtomicU64::new(0),
+            next_request: AtomicU64::new(0),
+            progress,
+            idempotency: plan.idempotency,
+            registry_clients: plan.registry_clients,
+            shape: std::sync::Mutex::new(PoolShape::SMALL),
+            pinger: match plan.ping_every_ms {
+                0 => None,
+                ms => Some(Pinger::start(&url, Duration::from_millis(ms))?),
+            },
+        };
+        Ok((bench, redis_version))
+    }
 }
 
 /// Runs `plan` against `target`.
@@ -234,79 +373,9 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         }
         Target::Url(url) => url,
     };
-    let max_count = plan.counts.iter().copied().max().unwrap_or(1).max(100);
-    let config = Config {
-        redis_url: Some(url.clone()),
-        auth_schemes: AuthSchemes {
-            none: plan.registry_clients == 0,
-            api_key: plan.registry_clients > 0,
-            ..AuthSchemes::default()
-        },
-        client_rate: None,
-        global_rate: None,
-        max_count_per_request: max_count,
-        // The pool is filled once per N and the run lasts minutes: its health
-        // checks must stay fresh for the whole run.
-        max_health_check_age: Duration::from_secs(3600),
-        ..Config::default()
-    };
-    let pool = RedisPool::with_options(&url, &config.redis_options())?;
-    let mut settings = config.settings();
-    if plan.usage_counters {
-        // As with an aggregates database configured (the bench flushes nothing).
-        settings.policy.usage_retention = Some(config.aggregates_retention);
-    }
-    let mut fronts = Vec::new();
-    let mut servers = JoinSet::new();
-    for &acks in &plan.replica_acks {
-        let options = RedisOptions {
-            replica_acks: acks,
-            replica_ack_timeout: config.replica_ack_timeout,
-            ..config.redis_options()
-        };
-        let pool = RedisPool::with_options(&url, &options)?;
-        let registry: Directory = if plan.registry_clients > 0 {
-            RedisRegistry::new(pool.clone()).into()
-        } else {
-            RegistryHandle::default().into()
-        };
-        let guard = Guard::new(config.auth_schemes, SourcePolicy::default(), registry);
-        let app = Arc::new(App::new(settings.clone(), pool, Arc::new(guard)));
-        fronts.push(if plan.http {
-            let unbound = |e: std::io::Error| BenchError::Failed(format!("listener: {e}"));
-            let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-                .await
-                .map_err(unbound)?;
-            let addr = listener.local_addr().map_err(unbound)?;
-            servers.spawn(server::serve(listener, app, std::future::pending()));
-            Front::Http(addr)
-        } else {
-            Front::InProcess(app)
-        });
-    }
     let (replica_servers, relays): (Vec<_>, Vec<_>) = replicas.into_iter().unzip();
-    let mut conn = pool.connection();
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(&mut conn)
-        .await?;
-    let redis_version = info_field(&info, "redis_version").unwrap_or_default();
-    let mut bench = Bench {
-        fronts,
-        servers,
-        relays,
-        variant: std::sync::Mutex::new(Variant::default()),
-        conn,
-        pool,
-        trivial: Arc::new(Script::new("return 1")),
-        next_seq: AtomicU64::new(0),
-        next_key: AtomicU64::new(0),
-        next_request: AtomicU64::new(0),
-        progress,
-        idempotency: plan.idempotency,
-        registry_clients: plan.registry_clients,
-        shape: std::sync::Mutex::new(PoolShape::SMALL),
-    };
+    let (mut bench, redis_version) = Bench::new(&plan, &url, relays, progress).await?;
+    let slowlog = SlowlogConfig::set(&bench.conn).await;
     let mut fills = Vec::new();
     let mut cells = Vec::new();
     for &n in &plan.sizes {
@@ -325,7 +394,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
                 ),
             );
             let started = Instant::now();
-            bench.add(n, true).await?;
+            bench.add(n, true, None).await?;
             let seconds = started.elapsed().as_secs_f64();
             bench.progress.note(format!(
                 "filled {} proxies over {} combinations in {seconds:.1} s ({:.0}/s)",
@@ -373,6 +442,8 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         }
     }
     bench.progress.finish();
+    relate(&mut cells);
+    slowlog.restore(&bench.conn).await;
     redis::cmd("FLUSHDB")
         .arg("ASYNC")
         .query_async::<()>(&mut bench.conn.clone())
@@ -389,4 +460,82 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
         cells,
         peak_rss_kib: peak_rss_kib(),
     })
+}
+
+/// The configuration the bench's handlers run with: anonymous callers (or
+/// API keys of the registry's clients), rate limits off unless
+/// `--client-rate`, and a health-check age that outlasts the run.
+fn bench_config(plan: &Plan, url: &str) -> Result<Config, BenchError> {
+    let max_count = plan.counts.iter().copied().max().unwrap_or(1).max(100);
+    let client_rate = match &plan.client_rate {
+        Some(r) => proxy_pool::security::Rate::parse(r)
+            .map_err(|e| BenchError::Failed(format!("--client-rate: {e}")))?,
+        None => None,
+    };
+    Ok(Config {
+        redis_url: Some(url.to_owned()),
+        auth_schemes: AuthSchemes {
+            none: plan.registry_clients == 0,
+            api_key: plan.registry_clients > 0,
+            ..AuthSchemes::default()
+        },
+        client_rate,
+        global_rate: None,
+        max_count_per_request: max_count,
+        // The pool is filled once per N and the run lasts minutes: its health
+        // checks must stay fresh for the whole run (and with --stall, the
+        // fill's go stale together, see stall.rs).
+        max_health_check_age: Duration::from_secs(3600),
+        ..Config::default()
+    })
+}
+
+/// `SLOWLOG` set to keep every call of 1 ms or more (up to 32,768 between
+/// two reads), and what it was before, put back at the end of a run.
+struct SlowlogConfig {
+    before: Vec<(String, String)>,
+}
+
+impl SlowlogConfig {
+    const SETTINGS: [(&'static str, &'static str); 2] = [
+        ("slowlog-log-slower-than", "1000"),
+        ("slowlog-max-len", "32768"),
+    ];
+
+    /// Sets it (a Redis that refuses `CONFIG` is left as it is: the slowest
+    /// calls are then reported from what it keeps, if anything).
+    async fn set(conn: &PoolConnection) -> Self {
+        let mut before = Vec::new();
+        for (name, value) in Self::SETTINGS {
+            let mut conn = conn.clone();
+            let old: Result<Vec<String>, _> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(name)
+                .query_async(&mut conn)
+                .await;
+            let set: Result<(), _> = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query_async(&mut conn)
+                .await;
+            if let (Ok(old), Ok(())) = (old, set)
+                && let Some(old) = old.get(1)
+            {
+                before.push((name.to_owned(), old.clone()));
+            }
+        }
+        Self { before }
+    }
+
+    async fn restore(self, conn: &PoolConnection) {
+        for (name, value) in self.before {
+            let _: Result<(), _> = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query_async(&mut conn.clone())
+                .await;
+        }
+    }
 }

@@ -50,6 +50,54 @@ pub struct Plan {
     pub registry_clients: usize,
     /// Requests over HTTP through `serve`'s server, not in process.
     pub http: bool,
+    /// Every request asks `allOrNothing` (else partial, the default).
+    pub all_or_nothing: bool,
+    /// Requests per second of a cell, in all (none: as fast as they go).
+    pub pace: Option<f64>,
+    /// The per-client rate limit, `RATE[:BURST]` (none: rate limits off).
+    /// Anonymous callers from one address are one client.
+    pub client_rate: Option<String>,
+    /// Another client's `PING` every this many ms during the timed rounds
+    /// (0: none).
+    pub ping_every_ms: u64,
+    /// The stale-backlog timeline instead of the cells.
+    pub stall: Option<StallPlan>,
+}
+
+/// The stale-backlog timeline (`--stall`): a pool of N whose health
+/// checks all go stale at one instant, then a Controller, extraction
+/// clients and the scheduled prune, second by second.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StallPlan {
+    /// Seconds from the start of the fill to the stall (it must end first).
+    pub after_seconds: f64,
+    /// Seconds measured from the stall on.
+    pub seconds: u64,
+    /// Seconds measured before it (5, or a third of `after_seconds` if
+    /// less).
+    pub lead_seconds: u64,
+    /// Fresh proxies the Controller adds per second.
+    pub fresh_per_sec: u64,
+    /// Extraction clients (count=1; every other request allOrNothing).
+    pub clients: usize,
+    /// Seconds between two runs of the scheduled prune (0: none).
+    pub prune_every: u64,
+}
+
+impl StallPlan {
+    /// The default stall of a pool of `n`: the fill is given 1 s per 5,000
+    /// proxies (this machine fills about 10,000/s) plus 10 s.
+    pub fn for_pool(n: usize) -> Self {
+        Self {
+            after_seconds: n as f64 / 5_000.0 + 10.0,
+            seconds: 60,
+            lead_seconds: 5,
+            fresh_per_sec: 2_000,
+            clients: 8,
+            prune_every: 10,
+        }
+    }
 }
 
 impl Plan {
@@ -61,11 +109,13 @@ impl Plan {
             combinations: vec![
                 PoolShape::SMALL,
                 PoolShape {
+                    protocols: 3,
                     regions: 100,
                     carriers: 3,
                     upstreams: 3,
                 },
                 PoolShape {
+                    protocols: 3,
                     regions: 400,
                     carriers: 3,
                     upstreams: 3,
@@ -84,6 +134,11 @@ impl Plan {
             usage_counters: true,
             registry_clients: 0,
             http: false,
+            all_or_nothing: false,
+            pace: None,
+            client_rate: None,
+            ping_every_ms: 1,
+            stall: None,
         }
     }
 
@@ -107,7 +162,9 @@ impl Plan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ArgError {
     /// Not a filter shape.
-    #[error("filters are none, region, region-carrier, protocol-upstream")]
+    #[error(
+        "filters are none, region, region-carrier, protocol-upstream, or adversarial (none, regions64-proto, regions64-car-up, regions16-every, invented-regions, invented-every, restricted-client, seed-example, all-but-one, most-slices), or any of those by name"
+    )]
     Filter,
     /// Not a pool size.
     #[error("a pool size is a number like 1000, 100k or 1M, at most 50M")]

@@ -1,6 +1,7 @@
 //! What a run reports: its cells and fills, the table (or JSON), and the
 //! progress shown while it runs.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -71,6 +72,66 @@ pub struct Cell {
     pub short: usize,
     /// Requests answered with another status.
     pub failed: usize,
+    /// Answers by HTTP status (0: no answer).
+    pub statuses: BTreeMap<u16, usize>,
+    /// `server_us_per_call` over that of the unfiltered count=1 cell of
+    /// the same run, pool and C (when the run has one).
+    pub vs_unfiltered: Option<f64>,
+    /// The longest extraction call `SLOWLOG` kept (calls of 1 ms or more),
+    /// microseconds: 0 when none took 1 ms; absent without `SLOWLOG`.
+    pub slowest_call_us: Option<u64>,
+    /// Extraction calls of 1 ms or more.
+    pub calls_over_1ms: Option<u64>,
+    /// Extraction calls over 5 ms.
+    pub calls_over_5ms: Option<u64>,
+    /// The slowest `PING` of another client during the timed rounds, us.
+    pub ping_max_us: Option<u64>,
+    /// Their 99th percentile.
+    pub ping_p99_us: Option<u64>,
+    /// Pings sent during the timed rounds.
+    pub pings: usize,
+    /// Share of the timed rounds' wall time Redis spent running scripts
+    /// (`evalsha` usec of `INFO commandstats`: the extractions, and with
+    /// `--client-rate` the rate limit's script; the commands a script runs
+    /// are inside its time).
+    pub redis_busy: f64,
+}
+
+/// Fills in each cell's cost against the unfiltered count=1 cell of the
+/// same pool, C and replication variant.
+pub(super) fn relate(cells: &mut [Cell]) {
+    let bases: Vec<(usize, PoolShape, usize, f64, u32, f64)> = cells
+        .iter()
+        .filter(|c| c.filter == FilterShape::None && c.count == 1)
+        .filter_map(|c| {
+            Some((
+                c.pool,
+                c.combinations,
+                c.concurrency,
+                c.replica_lag_ms,
+                c.replica_acks,
+                c.server_us_per_call?,
+            ))
+        })
+        .collect();
+    for c in cells.iter_mut() {
+        c.vs_unfiltered = bases
+            .iter()
+            .find(|b| {
+                (b.0, b.1, b.2, b.4) == (c.pool, c.combinations, c.concurrency, c.replica_acks)
+                    && b.3 == c.replica_lag_ms
+            })
+            .and_then(|b| Some(c.server_us_per_call? / b.5.max(1e-9)));
+    }
+}
+
+/// `200:123 422:45`.
+pub(super) fn status_mix(statuses: &BTreeMap<u16, usize>) -> String {
+    statuses
+        .iter()
+        .map(|(s, n)| format!("{s}:{n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// How long one fill took.
@@ -184,7 +245,7 @@ pub fn human(n: usize) -> String {
     }
 }
 
-const HEADER: &str = "       N   comb  filter             count    C     ext/s  proxies/s   p50 us   p99 us  trivial/s  ratio  srv us/call  triv srv us  cli us/req";
+const HEADER: &str = "       N   comb  filter             count    C     ext/s  proxies/s   p50 us   p99 us  trivial/s  ratio  srv us/call  triv srv us  cli us/req  x none  slowest us  >5ms  ping max us  ping p99 us  busy  statuses";
 
 /// One cell as a line of the table (with the lag and acks columns when
 /// the run has replicas).
@@ -212,6 +273,19 @@ pub(super) fn row(c: &Cell, replicated: bool) -> String {
         opt(c.trivial_server_us_per_call),
         opt(c.client_cpu_us_per_request),
     );
+    let int = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+    let _ = write!(
+        line,
+        " {:>7} {:>11} {:>5} {:>12} {:>12} {:>4.0}%  {}",
+        c.vs_unfiltered
+            .map_or("-".to_owned(), |v| format!("{v:.2}")),
+        int(c.slowest_call_us),
+        int(c.calls_over_5ms),
+        int(c.ping_max_us),
+        int(c.ping_p99_us),
+        c.redis_busy * 100.0,
+        status_mix(&c.statuses),
+    );
     if replicated {
         let _ = write!(line, " {:>7.1} {:>4}", c.replica_lag_ms, c.replica_acks);
     }
@@ -227,7 +301,7 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "proxy-pool bench: redis {} on {} CPUs, {}, {}, {}, rate limits off, {}",
+            "proxy-pool bench: redis {} on {} CPUs, {}, {}, {}, {}, {}",
             self.redis_version,
             self.cpus,
             if self.plan.http {
@@ -245,6 +319,10 @@ impl Report {
             } else {
                 "usage counters off"
             },
+            match &self.plan.client_rate {
+                Some(r) => format!("client rate limit {r}"),
+                None => "rate limits off".to_owned(),
+            },
             if self.plan.registry_clients == 0 {
                 "anonymous".to_owned()
             } else {
@@ -257,9 +335,10 @@ impl Report {
         for f in &self.fills {
             let _ = writeln!(
                 out,
-                "fill N={} over {} combinations: {:.1} s ({:.0} proxies/s), Redis memory {} bytes per proxy",
+                "fill N={} over {} combinations ({}): {:.1} s ({:.0} proxies/s), Redis memory {} bytes per proxy",
                 human(f.pool),
                 f.combinations.combinations(),
+                f.combinations,
                 f.seconds,
                 f.per_sec,
                 f.redis_bytes_per_proxy
@@ -290,6 +369,34 @@ impl Report {
             out,
             "srv us/call = Redis usec_per_call of the extraction script; triv srv us = the same of the trivial script; cli us/req = bench CPU per request (handler + redis-rs + tokio, and with HTTP its server and client).\ncomb = protocol x region x carrier x upstream combinations in the pool; filter values rotate over the pool's own regions, carriers, protocols and upstreams."
         );
+        let _ = writeln!(
+            out,
+            "x none = srv us/call over that of the unfiltered count=1 cell of the same pool and C; slowest us = the longest extraction call SLOWLOG kept (calls of 1 ms or more; 0: none), >5ms = how many took over 5 ms; ping = another client's PING round trip{} during the timed rounds; busy = share of the rounds' wall time Redis spent running scripts (EVALSHA usec: extractions, and with a client rate limit its script); statuses = HTTP status: answers (200 includes short ones).",
+            match self.plan.ping_every_ms {
+                0 => " (not measured: --ping-every-ms 0)".to_owned(),
+                ms => format!(" every {ms} ms on its own connection and thread"),
+            }
+        );
+        if self.plan.all_or_nothing || self.plan.pace.is_some() || self.plan.client_rate.is_some() {
+            let _ = writeln!(
+                out,
+                "requests: {}{}{}.",
+                if self.plan.all_or_nothing {
+                    "allOrNothing"
+                } else {
+                    "partial"
+                },
+                self.plan.pace.map_or(String::new(), |p| format!(
+                    ", paced at {p} per second in all"
+                )),
+                self.plan
+                    .client_rate
+                    .as_ref()
+                    .map_or(String::new(), |r| format!(
+                        ", one anonymous client limited to {r} (requests/s:burst)"
+                    )),
+            );
+        }
         if self.cells.iter().any(|c| c.pool_at_round_start > c.pool) {
             let _ = writeln!(
                 out,

@@ -1,0 +1,587 @@
+//! `bench --stall`: the stale-backlog timeline. A health checker that
+//! stalls lets the whole pool go stale at once; from then on every
+//! extraction walks past spent entries until the scheduled prune clears
+//! them. This fills N proxies whose last health check makes them all stale
+//! at one instant shortly after the fill ends (the bench's policy is
+//! maxHealthCheckAge 3,600 s: their `healthCheckedAt` is set 3,600 s
+//! before that instant), then, from a few seconds before it to
+//! `seconds` after it:
+//!
+//! * a Controller adds fresh proxies at a steady rate (a batch every
+//!   20 ms, through `lua/upsert.lua`, as the bench's fills do);
+//! * C extraction clients call the handler back to back, `count=1`, every
+//!   other request `allOrNothing` (the others partial);
+//! * the scheduled job's prune ([`RedisPool::prune_expired`] with
+//!   [`scheduled::PRUNE_BATCH`] and [`scheduled::PRUNE_BUDGET`], what the
+//!   EventBridge schedule runs) every `prune_every` seconds, the first one
+//!   period after the stall (EventBridge runs it once a minute);
+//! * another client's `PING` every millisecond ([`Pinger`]);
+//!
+//! and prints, per second: extractions, p50/p99/max latency, the status
+//! mix, the backlog left (`ZCOUNT {pp}:ix:live -inf now`: spent entries not
+//! yet pruned), the eligible count, what the prune removed and the slowest
+//! `PING`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lambda_http::http::{Request, StatusCode};
+use proxy_pool::distribution::EXTRACT_PATH;
+use proxy_pool::local::{PoolShape, RedisServer};
+use proxy_pool::pool::keys;
+use proxy_pool::scheduled;
+use proxy_pool::security::PeerAddr;
+use serde::Serialize;
+use tokio::task::JoinSet;
+
+use super::caller::Caller;
+use super::cell::percentile;
+use super::pinger::Pinger;
+use super::plan::{Plan, StallPlan};
+use super::report::{Progress, human, status_mix};
+use super::{Bench, BenchError, Target};
+
+/// The policy's maxHealthCheckAge in the bench's configuration (see
+/// `bench_config`), ms.
+const HEALTH_AGE_MS: i64 = 3_600_000;
+
+/// What one second of the timeline saw.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Second {
+    /// Seconds from the stall (the second [t, t + 1)).
+    pub t: i64,
+    /// Extractions answered in it.
+    pub extractions: usize,
+    /// Of them, 200 with a proxy.
+    pub served: usize,
+    /// Their latencies, microseconds.
+    pub p50_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// Slowest.
+    pub max_us: u64,
+    /// Answers by HTTP status (0: no answer).
+    pub statuses: BTreeMap<u16, usize>,
+    /// Spent index entries not yet pruned at its end
+    /// (`ZCOUNT {pp}:ix:live -inf now`).
+    pub backlog: u64,
+    /// Index entries eligible at its end (`ZCOUNT {pp}:ix:live (now +inf`).
+    pub eligible: u64,
+    /// Fresh proxies the Controller added in it.
+    pub added: u64,
+    /// Index entries the prune runs that ended in it removed.
+    pub pruned: u64,
+    /// Another client's slowest `PING` in it, microseconds.
+    pub ping_max_us: u64,
+}
+
+/// One run of the scheduled prune.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PruneRun {
+    /// Seconds from the stall when it started.
+    pub started_at: f64,
+    /// Its wall time, seconds.
+    pub seconds: f64,
+    /// Records and tombstones deleted.
+    pub records: u64,
+    /// Spent index entries removed.
+    pub index_entries: u64,
+    /// Script calls.
+    pub batches: u32,
+    /// It finished (false: its budget ran out first).
+    pub complete: bool,
+}
+
+/// The outcome of `bench --stall`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Timeline {
+    /// What was asked for.
+    pub plan: Plan,
+    /// `redis_version` from `INFO server`.
+    pub redis_version: String,
+    /// Pool size N.
+    pub pool: usize,
+    /// Its shape, `PxRxCxU`.
+    pub shape: String,
+    /// Seconds the fill took.
+    pub fill_seconds: f64,
+    /// Seconds from the end of the fill to the stall.
+    pub idle_seconds: f64,
+    /// Second by second, from `-lead_seconds`.
+    pub seconds: Vec<Second>,
+    /// The prune runs.
+    pub prunes: Vec<PruneRun>,
+    /// After the stall: every extraction's latency percentiles, us.
+    pub p50_us: u64,
+    /// 99th percentile after the stall.
+    pub p99_us: u64,
+    /// Slowest after the stall.
+    pub max_us: u64,
+    /// Answers by status after the stall.
+    pub statuses: BTreeMap<u16, usize>,
+    /// Seconds from the stall until the backlog was 0 (none: never).
+    pub backlog_cleared_at: Option<i64>,
+    /// Another client's slowest `PING` after the stall, us.
+    pub ping_max_us: u64,
+}
+
+/// One answered extraction.
+struct Sample {
+    /// Completion, ms from the stall.
+    at_ms: i64,
+    latency_us: u64,
+    status: u16,
+    served: bool,
+}
+
+/// Runs the stale-backlog timeline of `plan.stall`.
+pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timeline, BenchError> {
+    let stall = plan
+        .stall
+        .clone()
+        .ok_or_else(|| BenchError::Failed("no stall plan".into()))?;
+    let mut private = None;
+    let url = match target {
+        Target::Private => {
+            let server = RedisServer::start().await?;
+            let url = server.url();
+            private = Some(server);
+            url
+        }
+        Target::Url(url) => url,
+    };
+    // The pinger of `Bench::new` runs unrecorded; this one takes its
+    // samples second by second.
+    let quiet = Plan {
+        ping_every_ms: 0,
+        ..plan.clone()
+    };
+    let (bench, redis_version) = Bench::new(&quiet, &url, Vec::new(), progress).await?;
+    let pinger = Pinger::start(&url, Duration::from_millis(plan.ping_every_ms.max(1)))?;
+    let n = plan.sizes.first().copied().unwrap_or(1_000_000);
+    let shape = plan
+        .combinations
+        .first()
+        .copied()
+        .unwrap_or(PoolShape::SMALL);
+    redis::cmd("FLUSHDB")
+        .arg("ASYNC")
+        .query_async::<()>(&mut bench.conn.clone())
+        .await?;
+    bench.set_shape(shape);
+
+    // The fill: every health check 3,600 s before the stall instant.
+    let fill_start_ms = proxy_pool::clock::now_ms();
+    let stall_ms = fill_start_ms + (stall.after_seconds * 1000.0) as i64;
+    bench.progress.start(
+        n as u64,
+        format!(
+            "filling {} proxies over {} combinations ({shape}), stale together {:.0} s after the fill started",
+            human(n),
+            shape.combinations(),
+            stall.after_seconds
+        ),
+    );
+    let started = Instant::now();
+    bench
+        .add(n, true, Some(stall_ms - HEALTH_AGE_MS - 1))
+        .await?;
+    let fill_seconds = started.elapsed().as_secs_f64();
+    let fill_end_ms = proxy_pool::clock::now_ms();
+    let indexed: u64 = redis::cmd("ZCARD")
+        .arg(keys::IX_LIVE)
+        .query_async(&mut bench.conn.clone())
+        .await?;
+    if fill_end_ms + (stall.lead_seconds as i64) * 1000 >= stall_ms || indexed != n as u64 {
+        return Err(BenchError::Failed(format!(
+            "the fill took {fill_seconds:.1} s ({indexed} of {n} indexed): it must end {} s before the stall; raise --stall-after (now {:.0})",
+            stall.lead_seconds, stall.after_seconds
+        )));
+    }
+    bench.progress.note(format!(
+        "filled {} proxies in {fill_seconds:.1} s; the stall is in {:.1} s",
+        human(n),
+        (stall_ms - fill_end_ms) as f64 / 1000.0
+    ));
+
+    // The timeline runs from `lead_seconds` before the stall.
+    let begin_ms = stall_ms - (stall.lead_seconds as i64) * 1000;
+    sleep_until_ms(begin_ms).await;
+    bench.progress.start(
+        stall.lead_seconds + stall.seconds,
+        format!(
+            "stale backlog: {} clients, {} fresh/s, prune every {} s",
+            stall.clients, stall.fresh_per_sec, stall.prune_every
+        ),
+    );
+    let end_ms = stall_ms + (stall.seconds as i64) * 1000;
+    let bench = Arc::new(bench);
+    let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
+    let added = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = JoinSet::new();
+    spawn_clients(&mut tasks, &bench, &stall, stall_ms, &samples, &stop);
+    spawn_controller(&mut tasks, &bench, &stall, &added, &stop);
+    let prunes = Arc::new(Mutex::new(Vec::<(PruneRun, i64)>::new()));
+    spawn_prune(&mut tasks, &bench, &stall, stall_ms, end_ms, &prunes, &stop);
+
+    // Second by second: the backlog, the eligible count, what was added,
+    // the pings.
+    pinger.record(true);
+    let mut seconds = Vec::new();
+    let mut t = -(stall.lead_seconds as i64);
+    let mut added_before = 0;
+    while stall_ms + t * 1000 < end_ms {
+        sleep_until_ms(stall_ms + (t + 1) * 1000).await;
+        let now = proxy_pool::clock::now_ms();
+        let mut conn = bench.conn.clone();
+        let (backlog, eligible): (u64, u64) = redis::pipe()
+            .cmd("ZCOUNT")
+            .arg(keys::IX_LIVE)
+            .arg("-inf")
+            .arg(now)
+            .cmd("ZCOUNT")
+            .arg(keys::IX_LIVE)
+            .arg(format!("({now}"))
+            .arg("+inf")
+            .query_async(&mut conn)
+            .await?;
+        let pings = pinger.take();
+        let total_added = added.load(Ordering::Relaxed);
+        seconds.push(Second {
+            t,
+            backlog,
+            eligible,
+            added: total_added - added_before,
+            ping_max_us: pings.max_us,
+            ..Second::default()
+        });
+        added_before = total_added;
+        bench.progress.inc(1);
+        t += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    while let Some(joined) = tasks.join_next().await {
+        joined.map_err(|e| BenchError::Failed(e.to_string()))??;
+    }
+    pinger.record(false);
+    bench.progress.finish();
+
+    // Each answer and prune run into its second.
+    let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
+    let prunes = std::mem::take(&mut *prunes.lock().unwrap_or_else(|e| e.into_inner()));
+    let first = -(stall.lead_seconds as i64);
+    let mut latencies: Vec<Vec<u64>> = vec![Vec::new(); seconds.len()];
+    let mut after: Vec<u64> = Vec::new();
+    let mut statuses = BTreeMap::new();
+    for s in &samples {
+        let i = s.at_ms.div_euclid(1000) - first;
+        let Some(second) = usize::try_from(i).ok().and_then(|i| seconds.get_mut(i)) else {
+            continue;
+        };
+        second.extractions += 1;
+        second.served += usize::from(s.served);
+        *second.statuses.entry(s.status).or_default() += 1;
+        latencies[i as usize].push(s.latency_us);
+        if s.at_ms >= 0 {
+            after.push(s.latency_us);
+            *statuses.entry(s.status).or_default() += 1;
+        }
+    }
+    for (second, mut l) in seconds.iter_mut().zip(latencies) {
+        l.sort_unstable();
+        second.p50_us = percentile(&l, 0.5);
+        second.p99_us = percentile(&l, 0.99);
+        second.max_us = l.last().copied().unwrap_or(0);
+    }
+    for (run, ended_ms) in &prunes {
+        let i = ended_ms.div_euclid(1000) - first;
+        if let Some(second) = usize::try_from(i).ok().and_then(|i| seconds.get_mut(i)) {
+            second.pruned += run.index_entries;
+        }
+    }
+    after.sort_unstable();
+    let timeline = Timeline {
+        plan,
+        redis_version,
+        pool: n,
+        shape: shape.to_string(),
+        fill_seconds,
+        idle_seconds: (begin_ms - fill_end_ms) as f64 / 1000.0,
+        p50_us: percentile(&after, 0.5),
+        p99_us: percentile(&after, 0.99),
+        max_us: after.last().copied().unwrap_or(0),
+        statuses,
+        backlog_cleared_at: seconds
+            .iter()
+            .find(|s| s.t >= 0 && s.backlog == 0)
+            .map(|s| s.t),
+        ping_max_us: seconds
+            .iter()
+            .filter(|s| s.t >= 0)
+            .map(|s| s.ping_max_us)
+            .max()
+            .unwrap_or(0),
+        seconds,
+        prunes: prunes.into_iter().map(|(run, _)| run).collect(),
+    };
+    drop(pinger);
+    if let Ok(bench) = Arc::try_unwrap(bench) {
+        redis::cmd("FLUSHDB")
+            .arg("ASYNC")
+            .query_async::<()>(&mut bench.conn.clone())
+            .await?;
+        drop(bench);
+    }
+    drop(private);
+    Ok(timeline)
+}
+
+/// Sleeps until the wall clock reads `ms` (Unix ms).
+async fn sleep_until_ms(ms: i64) {
+    let wait = ms - proxy_pool::clock::now_ms();
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    }
+}
+
+/// The extraction clients: back to back, count=1, every other request
+/// allOrNothing.
+fn spawn_clients(
+    tasks: &mut JoinSet<Result<(), BenchError>>,
+    bench: &Arc<Bench>,
+    stall: &StallPlan,
+    stall_ms: i64,
+    samples: &Arc<Mutex<Vec<Sample>>>,
+    stop: &Arc<AtomicBool>,
+) {
+    for task in 0..stall.clients {
+        let front = bench.front();
+        let samples = samples.clone();
+        let stop = stop.clone();
+        tasks.spawn(async move {
+            let peer = PeerAddr(([127, 0, 0, 1], 40_000 + task as u16).into());
+            let mut caller = Caller::connect(front, peer)
+                .await
+                .ok_or_else(|| BenchError::Failed("no connection to the handler".into()))?;
+            let mut i = task;
+            let mut mine = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let body = if i % 2 == 0 {
+                    r#"{"count":1,"fulfillment":"partial"}"#
+                } else {
+                    r#"{"count":1,"fulfillment":"allOrNothing"}"#
+                };
+                i += 1;
+                let request =
+                    Request::post(EXTRACT_PATH).header("content-type", "application/json");
+                let started = Instant::now();
+                let answer = caller.call(request, body.to_owned()).await;
+                let latency_us = started.elapsed().as_micros() as u64;
+                let at_ms = proxy_pool::clock::now_ms() - stall_ms;
+                let (status, served) = match &answer {
+                    Some((s, text)) => (
+                        s.as_u16(),
+                        *s == StatusCode::OK && !text.contains("\"returned\":0"),
+                    ),
+                    None => (0, false),
+                };
+                mine.push(Sample {
+                    at_ms,
+                    latency_us,
+                    status,
+                    served,
+                });
+            }
+            samples
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(mine);
+            Ok(())
+        });
+    }
+}
+
+/// The Controller: `fresh_per_sec` healthy proxies a second, in fifty
+/// batches (one upsert call each: a larger batch holds Redis longer).
+fn spawn_controller(
+    tasks: &mut JoinSet<Result<(), BenchError>>,
+    bench: &Arc<Bench>,
+    stall: &StallPlan,
+    added: &Arc<AtomicU64>,
+    stop: &Arc<AtomicBool>,
+) {
+    let bench = bench.clone();
+    let added = added.clone();
+    let stop = stop.clone();
+    let per_tick = stall.fresh_per_sec.div_ceil(50) as usize;
+    if per_tick == 0 {
+        return;
+    }
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !stop.load(Ordering::Relaxed) {
+            tick.tick().await;
+            bench.add(per_tick, false, None).await?;
+            added.fetch_add(per_tick as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    });
+}
+
+/// The scheduled prune, every `prune_every` seconds from one period after
+/// the stall; each run's report and the instant it ended (ms from the
+/// stall).
+fn spawn_prune(
+    tasks: &mut JoinSet<Result<(), BenchError>>,
+    bench: &Arc<Bench>,
+    stall: &StallPlan,
+    stall_ms: i64,
+    end_ms: i64,
+    prunes: &Arc<Mutex<Vec<(PruneRun, i64)>>>,
+    stop: &Arc<AtomicBool>,
+) {
+    if stall.prune_every == 0 {
+        return;
+    }
+    let bench = bench.clone();
+    let prunes = prunes.clone();
+    let stop = stop.clone();
+    let every = stall.prune_every as i64 * 1000;
+    tasks.spawn(async move {
+        let mut at = stall_ms + every;
+        while at < end_ms && !stop.load(Ordering::Relaxed) {
+            sleep_until_ms(at).await;
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let started = Instant::now();
+            let started_at = (proxy_pool::clock::now_ms() - stall_ms) as f64 / 1000.0;
+            let report = bench
+                .pool
+                .prune_expired(
+                    scheduled::PRUNE_BATCH,
+                    u32::MAX,
+                    Some(scheduled::PRUNE_BUDGET),
+                )
+                .await?;
+            let run = PruneRun {
+                started_at,
+                seconds: started.elapsed().as_secs_f64(),
+                records: report.records,
+                index_entries: report.index_entries,
+                batches: report.batches,
+                complete: report.complete,
+            };
+            bench.progress.note(format!(
+                "prune at {started_at:.1} s: {} spent entries removed in {} calls, {:.2} s{}",
+                run.index_entries,
+                run.batches,
+                run.seconds,
+                if run.complete { "" } else { " (budget spent)" }
+            ));
+            let ended = proxy_pool::clock::now_ms() - stall_ms;
+            prunes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((run, ended));
+            at += every;
+        }
+        Ok(())
+    });
+}
+
+impl Timeline {
+    /// The human-readable timeline.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let stall = self
+            .plan
+            .stall
+            .clone()
+            .unwrap_or_else(|| StallPlan::for_pool(self.pool));
+        let _ = writeln!(
+            out,
+            "proxy-pool bench --stall: redis {}, N={} ({}, {} combinations) filled in {:.1} s, every health check stale at t=0 ({:.1} s after the fill); {} clients count=1 (partial / allOrNothing alternately), a Controller adding {}/s, the scheduled prune (batch {}, budget {} s) every {} s from t={}; another client PINGs every {} ms",
+            self.redis_version,
+            human(self.pool),
+            self.shape,
+            self.plan
+                .combinations
+                .first()
+                .map_or(0, |c| c.combinations()),
+            self.fill_seconds,
+            self.idle_seconds + stall.lead_seconds as f64,
+            stall.clients,
+            stall.fresh_per_sec,
+            scheduled::PRUNE_BATCH,
+            scheduled::PRUNE_BUDGET.as_secs(),
+            stall.prune_every,
+            stall.prune_every,
+            self.plan.ping_every_ms.max(1),
+        );
+        let _ = writeln!(
+            out,
+            "    t  ext/s  served   p50 us   p99 us   max us    backlog  eligible  added  pruned  ping max us  statuses"
+        );
+        for s in &self.seconds {
+            let _ = writeln!(
+                out,
+                "{:>5} {:>6} {:>7} {:>8} {:>8} {:>8} {:>10} {:>9} {:>6} {:>7} {:>12}  {}",
+                s.t,
+                s.extractions,
+                s.served,
+                s.p50_us,
+                s.p99_us,
+                s.max_us,
+                s.backlog,
+                s.eligible,
+                s.added,
+                s.pruned,
+                s.ping_max_us,
+                status_mix(&s.statuses)
+            );
+        }
+        for p in &self.prunes {
+            let _ = writeln!(
+                out,
+                "prune at t={:.1} s: {} spent index entries and {} records removed in {} calls, {:.2} s{}",
+                p.started_at,
+                p.index_entries,
+                p.records,
+                p.batches,
+                p.seconds,
+                if p.complete {
+                    ", done"
+                } else {
+                    ", budget spent"
+                }
+            );
+        }
+        let _ = writeln!(
+            out,
+            "after the stall: p50 {} us, p99 {} us, max {} us; statuses {}; backlog {}; slowest PING {} us",
+            self.p50_us,
+            self.p99_us,
+            self.max_us,
+            status_mix(&self.statuses),
+            match self.backlog_cleared_at {
+                Some(t) => format!("cleared at t={t} s"),
+                None => "not cleared".to_owned(),
+            },
+            self.ping_max_us
+        );
+        let _ = writeln!(
+            out,
+            "served = 200 with a proxy; backlog = ZCOUNT {{pp}}:ix:live -inf now (spent entries not yet pruned) at the end of the second; eligible = entries whose deadline is ahead; statuses = HTTP status: answers (409: allOrNothing with nothing eligible)."
+        );
+        out
+    }
+}
