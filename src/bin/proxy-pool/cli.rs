@@ -384,8 +384,10 @@ pub struct BenchArgs {
     /// (default: these four), or adversarial: the costliest legal
     /// requests (none first, then regions64-proto, regions64-car-up,
     /// regions16-every, invented-regions, invented-every,
-    /// restricted-client, seed-example, all-but-one, most-slices; any of
-    /// them also by name).
+    /// restricted-client, seed-example, all-but-one, most-slices), or
+    /// slices: plans of 64, 128, 256 and 512 combinations, every dimension
+    /// restricted (none, slices-64, slices-128, slices-256, most-slices);
+    /// any of them also by name.
     #[arg(long, value_delimiter = ',', value_parser = FilterSet::parse)]
     pub filters: Vec<FilterSet>,
     /// Proxies per request (e.g. 1,10,100).

@@ -6,7 +6,10 @@
 //! shapes are the costliest requests the contract allows (at most 64
 //! values per filter array, protocols only http, https and socks5), built
 //! from what the synthetic pool holds ([`PoolShape`]) plus invented values;
-//! `--filters adversarial` names them all ([`FilterShape::ADVERSARIAL`]).
+//! `--filters adversarial` names them all ([`FilterShape::ADVERSARIAL`]);
+//! `--filters slices` sweeps the size of the plan, every dimension
+//! restricted, 64 to 512 combinations ([`FilterShape::SLICES`]), to
+//! calibrate the planner's limit.
 
 use proxy_pool::local::PoolShape;
 use serde::Serialize;
@@ -17,10 +20,6 @@ use super::plan::ArgError;
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
 /// Most values one filter array may hold.
 const MOST: usize = 64;
-/// Most slices (combinations) the planner searches in one call
-/// (`MAX_SLICES` of `lua/extract.lua`): the `most-slices` shape names
-/// existing values up to this many combinations.
-const PLANNER_SLICES: usize = 512;
 
 /// Which filters every request of a cell carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -59,9 +58,15 @@ pub enum FilterShape {
     /// the planner.
     AllButOne,
     /// Adversarial i: every dimension restricted (a strict subset of what
-    /// exists), as many combinations as the planner accepts (512): the
-    /// largest plan answered.
+    /// exists), as many combinations as the planner accepts (512,
+    /// `MAX_SLICES` of `lua/extract.lua`): the largest plan answered.
     MostSlices,
+    /// The same with at most 64 combinations.
+    Slices64,
+    /// At most 128.
+    Slices128,
+    /// At most 256.
+    Slices256,
 }
 
 /// One or more filter shapes, as `--filters` names them (`adversarial`
@@ -70,10 +75,12 @@ pub enum FilterShape {
 pub struct FilterSet(pub Vec<FilterShape>);
 
 impl FilterSet {
-    /// A shape's name, or `adversarial`.
+    /// A shape's name, `adversarial` or `slices`.
     pub fn parse(s: &str) -> Result<Self, ArgError> {
-        if s.trim() == "adversarial" {
-            return Ok(Self(FilterShape::ADVERSARIAL.to_vec()));
+        match s.trim() {
+            "adversarial" => return Ok(Self(FilterShape::ADVERSARIAL.to_vec())),
+            "slices" => return Ok(Self(FilterShape::SLICES.to_vec())),
+            _ => {}
         }
         FilterShape::parse(s).map(|f| Self(vec![f]))
     }
@@ -103,11 +110,22 @@ impl FilterShape {
         Self::MostSlices,
     ];
 
+    /// `--filters slices`: the unfiltered call, then plans of 64 to 512
+    /// combinations, every dimension restricted.
+    pub const SLICES: [Self; 5] = [
+        Self::None,
+        Self::Slices64,
+        Self::Slices128,
+        Self::Slices256,
+        Self::MostSlices,
+    ];
+
     /// A shape by its name ([`FilterShape::name`]).
     pub fn parse(s: &str) -> Result<Self, ArgError> {
         Self::ALL
             .into_iter()
             .chain(Self::ADVERSARIAL)
+            .chain(Self::SLICES)
             .find(|f| f.name() == s.trim())
             .ok_or(ArgError::Filter)
     }
@@ -128,6 +146,9 @@ impl FilterShape {
             Self::SeedExample => "seed-example",
             Self::AllButOne => "all-but-one",
             Self::MostSlices => "most-slices",
+            Self::Slices64 => "slices-64",
+            Self::Slices128 => "slices-128",
+            Self::Slices256 => "slices-256",
         }
     }
 
@@ -224,8 +245,14 @@ impl FilterShape {
                     ("allowedUpstreams", real.upstreams(n(pool.upstreams))),
                 ]
             }
-            Self::MostSlices => {
-                let [p, r, c, u] = most_slices(pool);
+            Self::MostSlices | Self::Slices64 | Self::Slices128 | Self::Slices256 => {
+                let most = match self {
+                    Self::Slices64 => 64,
+                    Self::Slices128 => 128,
+                    Self::Slices256 => 256,
+                    _ => 512,
+                };
+                let [p, r, c, u] = most_slices(pool, most);
                 vec![
                     ("protocols", real.protocols(p)),
                     ("regions", real.regions(r)),
@@ -268,14 +295,14 @@ impl Real {
 }
 
 /// Values to name per dimension (protocols, regions, carriers, upstreams)
-/// for the largest plan the planner accepts: each a strict subset of what
+/// for a plan of at most `most` combinations: each a strict subset of what
 /// the pool holds where it holds more than one, at most 64, their product
-/// (the combinations named: a synthetic pool holds every one) at most 512,
-/// the largest dimension shrunk first.
-fn most_slices(pool: PoolShape) -> [usize; 4] {
+/// (the combinations named: a synthetic pool holds every one) at most
+/// `most`, the largest dimension shrunk first.
+fn most_slices(pool: PoolShape, most: usize) -> [usize; 4] {
     let of = [pool.protocols, pool.regions, pool.carriers, pool.upstreams];
     let mut n = of.map(|v| v.saturating_sub(1).clamp(1, MOST));
-    while n.iter().product::<usize>() > PLANNER_SLICES {
+    while n.iter().product::<usize>() > most {
         if let Some(largest) = n.iter_mut().max() {
             *largest -= 1;
         }
@@ -291,7 +318,11 @@ mod tests {
     #[test]
     fn filter_shapes() {
         let shape = PoolShape::parse("2700").unwrap();
-        for f in FilterShape::ALL.into_iter().chain(FilterShape::ADVERSARIAL) {
+        for f in FilterShape::ALL
+            .into_iter()
+            .chain(FilterShape::ADVERSARIAL)
+            .chain(FilterShape::SLICES)
+        {
             assert_eq!(FilterShape::parse(f.name()), Ok(f));
             assert!(f.name().len() <= 17, "{}", f.name());
             let body: serde_json::Value = serde_json::from_str(&f.body(5, 123, shape)).unwrap();
@@ -350,10 +381,15 @@ mod tests {
             f.filters(7, pool).iter().map(|(_, v)| v.len()).collect()
         };
         assert_eq!(counts(FilterShape::AllButOne, city), [2, 63, 2, 4]);
-        assert_eq!(most_slices(city), [2, 32, 2, 4]);
+        assert_eq!(most_slices(city, 512), [2, 32, 2, 4]);
+        assert_eq!(most_slices(city, 128), [2, 8, 2, 4]);
         let kinds = PoolShape::parse("2x16x25x25").unwrap();
         assert_eq!(counts(FilterShape::AllButOne, kinds), [1, 15, 24, 24]);
-        assert_eq!(most_slices(kinds).iter().product::<usize>(), 512);
+        assert_eq!(most_slices(kinds, 512).iter().product::<usize>(), 512);
+        assert_eq!(
+            FilterSet::parse("slices").unwrap().0.last(),
+            Some(&FilterShape::MostSlices)
+        );
         assert_eq!(counts(FilterShape::Regions16Every, kinds), [3, 16, 64, 64]);
         assert_eq!(counts(FilterShape::RestrictedClient, city), [64, 1]);
     }

@@ -83,6 +83,7 @@ use tokio::task::JoinSet;
 
 use crate::CliResult;
 use crate::cli::BenchArgs;
+use crate::output::say;
 use caller::Front;
 use cell::info_field;
 pub use filters::FilterSet;
@@ -107,7 +108,13 @@ pub async fn command(args: BenchArgs) -> CliResult {
         plan.combinations = args.combinations;
     }
     if !args.filters.is_empty() {
-        plan.filters = args.filters.into_iter().flat_map(|set| set.0).collect();
+        // Sets may share shapes (each starts with `none`): each runs once.
+        plan.filters.clear();
+        for shape in args.filters.into_iter().flat_map(|set| set.0) {
+            if !plan.filters.contains(&shape) {
+                plan.filters.push(shape);
+            }
+        }
     }
     if !args.counts.is_empty() {
         plan.counts = args.counts;
@@ -212,17 +219,17 @@ pub async fn command(args: BenchArgs) -> CliResult {
     if plan.stall.is_some() {
         let timeline = stall::run(plan, target, progress).await?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&timeline)?);
+            say!("{}", serde_json::to_string_pretty(&timeline)?);
         } else {
-            print!("{}", timeline.table());
+            say!("{}", timeline.table().trim_end());
         }
         return Ok(());
     }
     let report = run(plan, target, progress).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        say!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", report.table());
+        say!("{}", report.table().trim_end());
     }
     Ok(())
 }
@@ -492,7 +499,7 @@ fn bench_config(plan: &Plan, url: &str) -> Result<Config, BenchError> {
 
 /// `SLOWLOG` set to keep every call of 1 ms or more (up to 32,768 between
 /// two reads), and what it was before, put back at the end of a run.
-struct SlowlogConfig {
+pub(super) struct SlowlogConfig {
     before: Vec<(String, String)>,
 }
 
@@ -504,7 +511,7 @@ impl SlowlogConfig {
 
     /// Sets it (a Redis that refuses `CONFIG` is left as it is: the slowest
     /// calls are then reported from what it keeps, if anything).
-    async fn set(conn: &PoolConnection) -> Self {
+    pub(super) async fn set(conn: &PoolConnection) -> Self {
         let mut before = Vec::new();
         for (name, value) in Self::SETTINGS {
             let mut conn = conn.clone();
@@ -528,7 +535,7 @@ impl SlowlogConfig {
         Self { before }
     }
 
-    async fn restore(self, conn: &PoolConnection) {
+    pub(super) async fn restore(self, conn: &PoolConnection) {
         for (name, value) in self.before {
             let _: Result<(), _> = redis::cmd("CONFIG")
                 .arg("SET")

@@ -42,7 +42,7 @@ use super::cell::percentile;
 use super::pinger::Pinger;
 use super::plan::{Plan, StallPlan};
 use super::report::{Progress, human, status_mix};
-use super::{Bench, BenchError, Target};
+use super::{Bench, BenchError, SlowlogConfig, Target};
 
 /// The policy's maxHealthCheckAge in the bench's configuration (see
 /// `bench_config`), ms.
@@ -77,6 +77,13 @@ pub struct Second {
     pub pruned: u64,
     /// Another client's slowest `PING` in it, microseconds.
     pub ping_max_us: u64,
+    /// The longest extraction call in it (`SLOWLOG`: 0 under 1 ms), us.
+    pub slowest_call_us: u64,
+    /// Extraction calls over 5 ms in it.
+    pub calls_over_5ms: u64,
+    /// The longest call of another script in it (the Controller's
+    /// upserts, the prune), us.
+    pub slowest_other_us: u64,
 }
 
 /// One run of the scheduled prune.
@@ -129,6 +136,10 @@ pub struct Timeline {
     pub backlog_cleared_at: Option<i64>,
     /// Another client's slowest `PING` after the stall, us.
     pub ping_max_us: u64,
+    /// The longest extraction call after the stall, us.
+    pub slowest_call_us: u64,
+    /// Extraction calls over 5 ms after the stall.
+    pub calls_over_5ms: u64,
 }
 
 /// One answered extraction.
@@ -175,6 +186,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
         .query_async::<()>(&mut bench.conn.clone())
         .await?;
     bench.set_shape(shape);
+    let slowlog = SlowlogConfig::set(&bench.conn).await;
 
     // The fill: every health check 3,600 s before the stall instant.
     let fill_start_ms = proxy_pool::clock::now_ms();
@@ -213,6 +225,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
     // The timeline runs from `lead_seconds` before the stall.
     let begin_ms = stall_ms - (stall.lead_seconds as i64) * 1000;
     sleep_until_ms(begin_ms).await;
+    bench.forget_slow_calls().await;
     bench.progress.start(
         stall.lead_seconds + stall.seconds,
         format!(
@@ -253,6 +266,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
             .query_async(&mut conn)
             .await?;
         let pings = pinger.take();
+        let slow = bench.slow_calls().await.unwrap_or_default();
         let total_added = added.load(Ordering::Relaxed);
         seconds.push(Second {
             t,
@@ -260,6 +274,9 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
             eligible,
             added: total_added - added_before,
             ping_max_us: pings.max_us,
+            slowest_call_us: slow.slowest_us,
+            calls_over_5ms: slow.over_5ms,
+            slowest_other_us: slow.other_slowest_us,
             ..Second::default()
         });
         added_before = total_added;
@@ -328,10 +345,22 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
             .map(|s| s.ping_max_us)
             .max()
             .unwrap_or(0),
+        slowest_call_us: seconds
+            .iter()
+            .filter(|s| s.t >= 0)
+            .map(|s| s.slowest_call_us)
+            .max()
+            .unwrap_or(0),
+        calls_over_5ms: seconds
+            .iter()
+            .filter(|s| s.t >= 0)
+            .map(|s| s.calls_over_5ms)
+            .sum(),
         seconds,
         prunes: prunes.into_iter().map(|(run, _)| run).collect(),
     };
     drop(pinger);
+    slowlog.restore(&bench.conn).await;
     if let Ok(bench) = Arc::try_unwrap(bench) {
         redis::cmd("FLUSHDB")
             .arg("ASYNC")
@@ -529,12 +558,12 @@ impl Timeline {
         );
         let _ = writeln!(
             out,
-            "    t  ext/s  served   p50 us   p99 us   max us    backlog  eligible  added  pruned  ping max us  statuses"
+            "    t  ext/s  served   p50 us   p99 us   max us    backlog  eligible  added  pruned  ping max us  slowest call us  >5ms  other script us  statuses"
         );
         for s in &self.seconds {
             let _ = writeln!(
                 out,
-                "{:>5} {:>6} {:>7} {:>8} {:>8} {:>8} {:>10} {:>9} {:>6} {:>7} {:>12}  {}",
+                "{:>5} {:>6} {:>7} {:>8} {:>8} {:>8} {:>10} {:>9} {:>6} {:>7} {:>12} {:>16} {:>5} {:>16}  {}",
                 s.t,
                 s.extractions,
                 s.served,
@@ -546,6 +575,9 @@ impl Timeline {
                 s.added,
                 s.pruned,
                 s.ping_max_us,
+                s.slowest_call_us,
+                s.calls_over_5ms,
+                s.slowest_other_us,
                 status_mix(&s.statuses)
             );
         }
@@ -567,7 +599,7 @@ impl Timeline {
         }
         let _ = writeln!(
             out,
-            "after the stall: p50 {} us, p99 {} us, max {} us; statuses {}; backlog {}; slowest PING {} us",
+            "after the stall: p50 {} us, p99 {} us, max {} us; statuses {}; backlog {}; slowest PING {} us; slowest extraction call {} us, {} calls over 5 ms",
             self.p50_us,
             self.p99_us,
             self.max_us,
@@ -576,11 +608,13 @@ impl Timeline {
                 Some(t) => format!("cleared at t={t} s"),
                 None => "not cleared".to_owned(),
             },
-            self.ping_max_us
+            self.ping_max_us,
+            self.slowest_call_us,
+            self.calls_over_5ms
         );
         let _ = writeln!(
             out,
-            "served = 200 with a proxy; backlog = ZCOUNT {{pp}}:ix:live -inf now (spent entries not yet pruned) at the end of the second; eligible = entries whose deadline is ahead; statuses = HTTP status: answers (409: allOrNothing with nothing eligible)."
+            "served = 200 with a proxy; backlog = ZCOUNT {{pp}}:ix:live -inf now (spent entries not yet pruned) at the end of the second; eligible = entries whose deadline is ahead; slowest call = the longest extraction script call SLOWLOG kept in the second (0: none took 1 ms), >5ms = how many took over 5 ms; other script = the longest call of the Controller's upserts or the prune; statuses = HTTP status: answers (409: allOrNothing with nothing eligible)."
         );
         out
     }
