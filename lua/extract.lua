@@ -59,6 +59,9 @@
 --      so a small request probes about one slice). Each page's deadlines are
 --      read from `live` in one ZMSCORE: a spent entry is passed over, an
 --      entry ahead of its deadline is re-checked against its record.
+--      Past STALE_MAX probes of slices whose hint was stale, the call
+--      writes the probed slices' true hints and answers "again" (the next
+--      call probes only what it needs).
 --      Past SKIP_MAX spent (or junk) entries the walk stops: when at most
 --      FEW entries are eligible they are read from the deadline family and
 --      taken in expiry order; otherwise the call removes the spent run it
@@ -94,6 +97,10 @@ local MAX_SLICES = 512
 local MAX_CANDIDATES = 2048
 local SKIP_MAX = 2000
 local FEW = 1000
+-- Most probes of slices whose hint was behind their first entry (a hint
+-- goes stale when another family's walk takes that entry): past it the call
+-- writes the probed slices' hints and answers "again" (step 3).
+local STALE_MAX = 48
 -- Rate limit units (step 8): one per started UNIT_WORK of work, where a
 -- slice planned, counted or probed is 1, an entry examined 1, a candidate
 -- slice looked up 1/4, and a proxy taken 8.
@@ -477,8 +484,8 @@ local first_page = math.min(target, math.ceil(target / math.max(#slices, 1))) + 
 local cursors = {}
 local valid = {}     -- entries {member, key, loc, d13, rec, raw, cur}, in expiry order
 local damaged = {}   -- indexed, deadline ahead, yet not what the index says: {loc, d13}
-local found, skipped = 0, 0
-local exhausted = false
+local found, skipped, stale = 0, 0, 0
+local exhausted, hints_behind = false, false
 
 -- The details and states of the page's members whose deadline is ahead,
 -- fetched when the first of them is examined.
@@ -515,12 +522,16 @@ end
 while found < target and skipped <= SKIP_MAX do
   local top = heap[1]
   local w = waiting_at(next_wait)
-  if w and (top == nil or w.hint <= top.key) then
+  if w and (top == nil or w.hint <= top.key) and stale >= STALE_MAX then
+    hints_behind = true
+    break
+  elseif w and (top == nil or w.hint <= top.key) then
     next_wait = next_wait + 1
     local cur = {slice = w.slice, prefix = w.slice, from_key = #w.slice + 1, page = first_page,
                  examined = {}, hint = hints[w.slice]}
     cursors[#cursors + 1] = cur
     if fill(cur) then heap[#heap + 1] = cur; sift_up(#heap) end
+    if cur.done or cur.key ~= w.hint then stale = stale + 1 end
   elseif top == nil then
     exhausted = true
     break
@@ -615,17 +626,59 @@ local function plan_cleanup()
   end
 end
 
-local function cleanup_only(reply)
+-- New hints (after plan_cleanup): each probed slice's first entry left in
+-- it, or "~" when it ran dry. A new hints key lives as long as the index.
+-- With no index (the pool family's key absent, so no expiry to take) there
+-- is nothing to order: no hint is written, rather than a key that would
+-- never expire. Returns the expiry to give a new hints key, if any.
+local function plan_hints()
+  local hint_updates = {}
+  if hinted then
+    for _, cur in ipairs(cursors) do
+      local h
+      local next_left = cur.examined[cur.run + 1]
+      if next_left then h = next_left.key
+      elseif cur.done then h = '~'
+      elseif cur.members and cur.members[cur.pos] then h = cur.key
+      end
+      if h and h ~= cur.hint then hint_updates[#hint_updates + 1] = {cur.slice, h} end
+    end
+  end
+  local hint_life
+  if #hint_updates > 0 and redis.call('EXISTS', K.hint) == 0 then
+    hint_life = redis.call('PEXPIRETIME', K.live)
+    if hint_life <= 0 then hint_updates = {} end
+  end
+  for _, u in ipairs(hint_updates) do push(writes, 'hset', K.hint, u[1], u[2]) end
+  return hint_life
+end
+
+local function cleanup_only(reply, with_hints)
   plan_cleanup()
-  local refused = commit(writes, {[fam_key] = #cursors > 0 or nil})
+  local hint_life = with_hints and plan_hints()
+  local refused = commit(writes, {[fam_key] = #cursors > 0 or nil,
+                                  [K.hint] = (with_hints and hinted and #slices > 1) or nil})
   if refused then return refused end
   for _, range in ipairs(ranges) do redis.call('ZREMRANGEBYLEX', fam_key, range[1], range[2]) end
+  if hint_life and hint_life > 0 then redis.call('PEXPIREAT', K.hint, hint_life) end
   return reply
 end
 
 -- A damaged entry means the counts above may be off: it leaves the index
 -- and the caller calls again on a clean one.
 if #damaged > 0 then return cleanup_only({'again'}) end
+
+-- Too many stale hints among the slices ahead: they are set right, and the
+-- caller calls again. Its work is charged whole: the admission's unit
+-- covers the call that answers.
+if hints_behind then
+  local reply = cleanup_only({'again'}, true)
+  if reply[1] == 'again' then
+    work = work + UNIT_WORK
+    charge()
+  end
+  return reply
+end
 
 -- Too many spent entries ahead: take the few eligible ones by deadline, or
 -- clear the run passed and call again.
@@ -717,28 +770,7 @@ for i = 1, take do
   records[i] = v.raw
 end
 
--- New hints: each probed slice's first entry left in it, or "~" when it ran dry.
-local hint_updates = {}
-if hinted then
-  for _, cur in ipairs(cursors) do
-    local h
-    local next_left = cur.examined[cur.run + 1]
-    if next_left then h = next_left.key
-    elseif cur.done then h = '~'
-    elseif cur.members and cur.members[cur.pos] then h = cur.key
-    end
-    if h and h ~= cur.hint then hint_updates[#hint_updates + 1] = {cur.slice, h} end
-  end
-end
--- A new hints key lives as long as the index. With no index (the pool
--- family's key absent, so no expiry to take) there is nothing to order:
--- no hint is written, rather than a key that would never expire.
-local hint_life
-if #hint_updates > 0 and redis.call('EXISTS', K.hint) == 0 then
-  hint_life = redis.call('PEXPIRETIME', K.live)
-  if hint_life <= 0 then hint_updates = {} end
-end
-for _, u in ipairs(hint_updates) do push(writes, 'hset', K.hint, u[1], u[2]) end
+local hint_life = plan_hints()
 
 local result = '{"requestId":' .. cjson.encode(req.requestId) .. ',"requested":' .. requested ..
   ',"extractedAt":' .. now_text .. ',"proxies":[' .. table.concat(records, ',') .. ']}'

@@ -63,12 +63,9 @@ if [ "$tier" = quick ]; then
   stage "cargo fmt --check" cargo fmt --all -- --check
   stage "cargo clippy" cargo clippy --all-targets --locked -- -D warnings
   stage "unit tests (lib, bins)" cargo test --locked --lib --bins
-  # The core surfaces. A smaller pool for the combinations test and the
-  # model's default case counts; MODEL_CASES and PROXY_POOL_SHAPES_POOL set
-  # by the caller win.
-  stage "core integration tests" env \
-    PROXY_POOL_SHAPES_POOL="${PROXY_POOL_SHAPES_POOL:-12000}" \
-    cargo test --locked \
+  # The core surfaces, at the sizes the full run uses (the model's default
+  # case counts; MODEL_CASES and PROXY_POOL_SHAPES_POOL set by the caller win).
+  stage "core integration tests" cargo test --locked \
     --test architecture --test docs --test extract --test http_api \
     --test admission --test contract --test model --test shapes
   exit 0

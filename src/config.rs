@@ -1,4 +1,9 @@
 //! Typed settings, read once from `PROXY_POOL_*` environment variables.
+//!
+//! Over 600 lines on purpose: every setting, its default, its bound and its
+//! error message sit in one table, so an operator's question ("what does
+//! this variable accept?") has one place to look; the unit tests beside it
+//! check each bound.
 
 use std::time::Duration;
 

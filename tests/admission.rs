@@ -1,5 +1,9 @@
 //! Identity and admission: every auth scheme, anonymous mode, trusted
 //! proxies, source CIDRs, upstream permissions and shared rate limits.
+//!
+//! Over 600 lines on purpose: every test here drives the same harness
+//! through one surface (who may extract, and how often); split by scheme
+//! they would repeat its set-up.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;

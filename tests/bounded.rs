@@ -234,6 +234,59 @@ async fn every_legal_shape_costs_a_bounded_number_of_commands() {
     assert!(written.is_empty(), "a refusal writes nothing: {written:?}");
 }
 
+/// Hints go stale when another family's walk takes a slice's first entry
+/// (here: unfiltered calls take the first entries of every city). A request
+/// over 64 such cities would probe each one; past 48 stale probes the call
+/// writes their true hints and answers `again`, so no call probes more
+/// than that, and the next one answers exactly: the soonest-expiring entry
+/// of those cities. A repeat is one call again.
+#[tokio::test]
+async fn stale_hints_cost_bounded_calls() {
+    let h = Harness::start().await;
+    let pool = city_pool("c", 12_000, 100);
+    load_all(&h, &pool).await;
+    let mut taken = std::collections::BTreeSet::new();
+    // The soonest 1,500 (15 per city on average, none of them by city).
+    for _ in 0..15 {
+        let r = h.extract(r#"{"count":100}"#, &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        taken.extend(r.ids());
+    }
+    let body = format!(
+        r#"{{"count":1,"filters":{{"protocols":["http","https","socks5"],"regions":{}}}}}"#,
+        cities(0, 64)
+    );
+    let named: std::collections::BTreeSet<String> =
+        (0..64).map(|i| format!("city-{i:03}")).collect();
+    for round in 0..2 {
+        let expected = pool
+            .iter()
+            .filter(|p| named.contains(&p.region) && !taken.contains(&p.id))
+            .min_by_key(|p| (p.expires_at, p.id.clone()))
+            .map(|p| p.id.clone());
+        let before = command_calls(&h).await;
+        let (ran, r) = commands_for(&h, &body).await;
+        let after = command_calls(&h).await;
+        let calls = after["evalsha"] - before["evalsha"];
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.ids().first(), expected.as_ref(), "round {round}");
+        taken.extend(r.ids());
+        eprintln!("round {round}: {calls} script calls, {ran} commands");
+        if round == 0 {
+            // Every named city's hint was stale: 48 probes, then again.
+            assert_eq!(calls, 2, "round {round}");
+        } else {
+            assert_eq!(calls, 1, "round {round}");
+        }
+        // Each call: the plan, at most 48 stale probes (a page and its
+        // deadlines each) and one more, the hints, the commit.
+        assert!(
+            ran <= 160 * calls,
+            "round {round}: {ran} commands in {calls} calls"
+        );
+    }
+}
+
 /// 100,000 entries indexed healthy, then stale all at once (a stalled
 /// health checker), ahead of 5 fresh ones: count=1 takes the soonest fresh
 /// one in a bounded number of commands, allOrNothing reports exactly 5,

@@ -1,4 +1,9 @@
 //! The Redis adapter: one cached, self-healing connection and the scripts.
+//!
+//! Over 600 lines on purpose: each script's call, its reply decoding and its
+//! outage classification stay next to the connection handling they depend
+//! on (reconnect, NOSCRIPT reload, replica acknowledgement), so a fault path
+//! is read in one file.
 
 use std::collections::BTreeSet;
 use std::future::Future;

@@ -5,6 +5,10 @@
 //! (`tests/model.rs`) runs random operation sequences against it and the
 //! real scripts and requires identical results and identical pool state
 //! ([`PoolState`], read from Redis by [`pool_state`]).
+//!
+//! Over 600 lines on purpose: it mirrors the scripts operation by operation
+//! and the pool state reader that compares the two; split, a change to one
+//! script would have to be followed across files.
 
 use std::collections::{BTreeMap, BTreeSet};
 
