@@ -93,7 +93,7 @@
 
 -- Most slices one call may count or walk, most candidate slices it may
 -- look up to plan them, and the walk's limits (step 3).
-local MAX_SLICES = 512
+local MAX_SLICES = 256
 local MAX_CANDIDATES = 2048
 local SKIP_MAX = 2000
 local FEW = 1000

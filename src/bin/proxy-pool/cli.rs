@@ -386,7 +386,8 @@ pub struct BenchArgs {
     /// regions16-every, invented-regions, invented-every,
     /// restricted-client, seed-example, all-but-one, most-slices), or
     /// slices: plans of 64, 128, 256 and 512 combinations, every dimension
-    /// restricted (none, slices-64, slices-128, slices-256, most-slices);
+    /// restricted (none, slices-64, slices-128, most-slices, slices-512: the
+    /// last one over the planner's limit, refused);
     /// any of them also by name.
     #[arg(long, value_delimiter = ',', value_parser = FilterSet::parse)]
     pub filters: Vec<FilterSet>,

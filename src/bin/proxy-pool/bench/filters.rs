@@ -58,15 +58,16 @@ pub enum FilterShape {
     /// the planner.
     AllButOne,
     /// Adversarial i: every dimension restricted (a strict subset of what
-    /// exists), as many combinations as the planner accepts (512,
+    /// exists), as many combinations as the planner accepts (256,
     /// `MAX_SLICES` of `lua/extract.lua`): the largest plan answered.
     MostSlices,
     /// The same with at most 64 combinations.
     Slices64,
     /// At most 128.
     Slices128,
-    /// At most 256.
-    Slices256,
+    /// At most 512: over the planner's limit, refused (what a refusal
+    /// costs).
+    Slices512,
 }
 
 /// One or more filter shapes, as `--filters` names them (`adversarial`
@@ -116,8 +117,8 @@ impl FilterShape {
         Self::None,
         Self::Slices64,
         Self::Slices128,
-        Self::Slices256,
         Self::MostSlices,
+        Self::Slices512,
     ];
 
     /// A shape by its name ([`FilterShape::name`]).
@@ -148,7 +149,7 @@ impl FilterShape {
             Self::MostSlices => "most-slices",
             Self::Slices64 => "slices-64",
             Self::Slices128 => "slices-128",
-            Self::Slices256 => "slices-256",
+            Self::Slices512 => "slices-512",
         }
     }
 
@@ -245,12 +246,12 @@ impl FilterShape {
                     ("allowedUpstreams", real.upstreams(n(pool.upstreams))),
                 ]
             }
-            Self::MostSlices | Self::Slices64 | Self::Slices128 | Self::Slices256 => {
+            Self::MostSlices | Self::Slices64 | Self::Slices128 | Self::Slices512 => {
                 let most = match self {
                     Self::Slices64 => 64,
                     Self::Slices128 => 128,
-                    Self::Slices256 => 256,
-                    _ => 512,
+                    Self::Slices512 => 512,
+                    _ => 256,
                 };
                 let [p, r, c, u] = most_slices(pool, most);
                 vec![
@@ -382,13 +383,14 @@ mod tests {
         };
         assert_eq!(counts(FilterShape::AllButOne, city), [2, 63, 2, 4]);
         assert_eq!(most_slices(city, 512), [2, 32, 2, 4]);
+        assert_eq!(most_slices(city, 256), [2, 16, 2, 4]);
         assert_eq!(most_slices(city, 128), [2, 8, 2, 4]);
         let kinds = PoolShape::parse("2x16x25x25").unwrap();
         assert_eq!(counts(FilterShape::AllButOne, kinds), [1, 15, 24, 24]);
         assert_eq!(most_slices(kinds, 512).iter().product::<usize>(), 512);
         assert_eq!(
             FilterSet::parse("slices").unwrap().0.last(),
-            Some(&FilterShape::MostSlices)
+            Some(&FilterShape::Slices512)
         );
         assert_eq!(counts(FilterShape::Regions16Every, kinds), [3, 16, 64, 64]);
         assert_eq!(counts(FilterShape::RestrictedClient, city), [64, 1]);
