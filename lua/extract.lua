@@ -93,7 +93,7 @@
 
 -- Most slices one call may count or walk, most candidate slices it may
 -- look up to plan them, and the walk's limits (step 3).
-local MAX_SLICES = 256
+local MAX_SLICES = 512
 local MAX_CANDIDATES = 2048
 local SKIP_MAX = 2000
 local FEW = 1000
@@ -102,9 +102,15 @@ local FEW = 1000
 -- writes the probed slices' hints and answers "again" (step 3).
 local STALE_MAX = 48
 -- Rate limit units (step 8): one per started UNIT_WORK of work, where a
--- slice planned, counted or probed is 1, an entry examined 1, a candidate
--- slice looked up 1/4, and a proxy taken 8.
+-- slice planned or counted is 1, a page read (a probe) PAGE_WORK, an entry
+-- examined 1, a candidate slice looked up or a spent entry passed 1/4, and
+-- a proxy taken TAKE_WORK. The weights follow Redis time (one unit of work
+-- is ~5 us on the 2-core machine: a page's ZRANGEBYLEX and ZMSCORE ~40 us,
+-- a proxy's removal from the index ~115 us), so a unit is ~2.5 ms of Redis
+-- time, and a client at 20 requests/s spends at most ~5% of it.
 local UNIT_WORK = 512
+local PAGE_WORK = 8
+local TAKE_WORK = 24
 
 pool_policy(ARGV[1])
 local ok_req, req = pcall(cjson.decode, ARGV[2] or '')
@@ -417,7 +423,7 @@ local function fill(cur)
   local from = cur.last and ('(' .. cur.last) or ('[' .. cur.prefix .. t13)
   local to = family == 'pool' and '+' or ('[' .. cur.prefix .. '\255')
   local page = redis.call('ZRANGEBYLEX', fam_key, from, to, 'LIMIT', 0, cur.page)
-  work = work + 1
+  work = work + PAGE_WORK
   cur.page = math.min(cur.page * 4, 1024)
   cur.members, cur.pos, cur.records = page, 1, nil
   if #page == 0 then cur.done = true; return false end
@@ -775,7 +781,7 @@ local hint_life = plan_hints()
 local result = '{"requestId":' .. cjson.encode(req.requestId) .. ',"requested":' .. requested ..
   ',"extractedAt":' .. now_text .. ',"proxies":[' .. table.concat(records, ',') .. ']}'
 
-work = work + 8 * take
+work = work + TAKE_WORK * take
 local known = {[fam_key] = #cursors > 0 or nil,
                [K.proxies] = found > 0 or nil, [K.state] = found > 0 or nil,
                [K.hint] = (hinted and #slices > 1) or nil}

@@ -385,10 +385,10 @@ pub struct BenchArgs {
     /// requests (none first, then regions64-proto, regions64-car-up,
     /// regions16-every, invented-regions, invented-every,
     /// restricted-client, seed-example, all-but-one, most-slices), or
-    /// slices: plans of 64, 128, 256 and 512 combinations, every dimension
-    /// restricted (none, slices-64, slices-128, most-slices, slices-512: the
-    /// last one over the planner's limit, refused);
-    /// any of them also by name.
+    /// slices: plans of 64 combinations, half the planner's limit, the
+    /// limit and twice it (refused), every dimension restricted (none,
+    /// slices-64, slices-half, most-slices, slices-over); any of them also
+    /// by name.
     #[arg(long, value_delimiter = ',', value_parser = FilterSet::parse)]
     pub filters: Vec<FilterSet>,
     /// Proxies per request (e.g. 1,10,100).

@@ -8,8 +8,8 @@
 //! from what the synthetic pool holds ([`PoolShape`]) plus invented values;
 //! `--filters adversarial` names them all ([`FilterShape::ADVERSARIAL`]);
 //! `--filters slices` sweeps the size of the plan, every dimension
-//! restricted, 64 to 512 combinations ([`FilterShape::SLICES`]), to
-//! calibrate the planner's limit.
+//! restricted, from 64 combinations to twice the planner's limit
+//! ([`FilterShape::SLICES`]), to calibrate that limit.
 
 use proxy_pool::local::PoolShape;
 use serde::Serialize;
@@ -20,6 +20,9 @@ use super::plan::ArgError;
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
 /// Most values one filter array may hold.
 const MOST: usize = 64;
+/// Most slices (combinations) the planner searches in one call:
+/// `MAX_SLICES` of `lua/extract.lua` (a unit test keeps them equal).
+const PLANNER_SLICES: usize = 512;
 
 /// Which filters every request of a cell carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -58,16 +61,15 @@ pub enum FilterShape {
     /// the planner.
     AllButOne,
     /// Adversarial i: every dimension restricted (a strict subset of what
-    /// exists), as many combinations as the planner accepts (256,
-    /// `MAX_SLICES` of `lua/extract.lua`): the largest plan answered.
+    /// exists), as many combinations as the planner accepts
+    /// ([`PLANNER_SLICES`]): the largest plan answered.
     MostSlices,
     /// The same with at most 64 combinations.
     Slices64,
-    /// At most 128.
-    Slices128,
-    /// At most 512: over the planner's limit, refused (what a refusal
-    /// costs).
-    Slices512,
+    /// At most half the planner's limit.
+    SlicesHalf,
+    /// At most twice the planner's limit: refused (what a refusal costs).
+    SlicesOver,
 }
 
 /// One or more filter shapes, as `--filters` names them (`adversarial`
@@ -111,14 +113,14 @@ impl FilterShape {
         Self::MostSlices,
     ];
 
-    /// `--filters slices`: the unfiltered call, then plans of 64 to 512
-    /// combinations, every dimension restricted.
+    /// `--filters slices`: the unfiltered call, then plans of 64, half the
+    /// planner's limit, the limit and twice it, every dimension restricted.
     pub const SLICES: [Self; 5] = [
         Self::None,
         Self::Slices64,
-        Self::Slices128,
+        Self::SlicesHalf,
         Self::MostSlices,
-        Self::Slices512,
+        Self::SlicesOver,
     ];
 
     /// A shape by its name ([`FilterShape::name`]).
@@ -148,8 +150,8 @@ impl FilterShape {
             Self::AllButOne => "all-but-one",
             Self::MostSlices => "most-slices",
             Self::Slices64 => "slices-64",
-            Self::Slices128 => "slices-128",
-            Self::Slices512 => "slices-512",
+            Self::SlicesHalf => "slices-half",
+            Self::SlicesOver => "slices-over",
         }
     }
 
@@ -246,12 +248,12 @@ impl FilterShape {
                     ("allowedUpstreams", real.upstreams(n(pool.upstreams))),
                 ]
             }
-            Self::MostSlices | Self::Slices64 | Self::Slices128 | Self::Slices512 => {
+            Self::MostSlices | Self::Slices64 | Self::SlicesHalf | Self::SlicesOver => {
                 let most = match self {
                     Self::Slices64 => 64,
-                    Self::Slices128 => 128,
-                    Self::Slices512 => 512,
-                    _ => 256,
+                    Self::SlicesHalf => PLANNER_SLICES / 2,
+                    Self::SlicesOver => PLANNER_SLICES * 2,
+                    _ => PLANNER_SLICES,
                 };
                 let [p, r, c, u] = most_slices(pool, most);
                 vec![
@@ -390,7 +392,12 @@ mod tests {
         assert_eq!(most_slices(kinds, 512).iter().product::<usize>(), 512);
         assert_eq!(
             FilterSet::parse("slices").unwrap().0.last(),
-            Some(&FilterShape::Slices512)
+            Some(&FilterShape::SlicesOver)
+        );
+        let script = include_str!("../../../../lua/extract.lua");
+        assert!(
+            script.contains(&format!("local MAX_SLICES = {PLANNER_SLICES}\n")),
+            "PLANNER_SLICES is MAX_SLICES of lua/extract.lua"
         );
         assert_eq!(counts(FilterShape::Regions16Every, kinds), [3, 16, 64, 64]);
         assert_eq!(counts(FilterShape::RestrictedClient, city), [64, 1]);

@@ -163,7 +163,7 @@ impl Plan {
 pub enum ArgError {
     /// Not a filter shape.
     #[error(
-        "filters are none, region, region-carrier, protocol-upstream, or adversarial (none, regions64-proto, regions64-car-up, regions16-every, invented-regions, invented-every, restricted-client, seed-example, all-but-one, most-slices), slices (none, slices-64, slices-128, most-slices, slices-512), or any of those by name"
+        "filters are none, region, region-carrier, protocol-upstream, or adversarial (none, regions64-proto, regions64-car-up, regions16-every, invented-regions, invented-every, restricted-client, seed-example, all-but-one, most-slices), slices (none, slices-64, slices-half, most-slices, slices-over), or any of those by name"
     )]
     Filter,
     /// Not a pool size.
