@@ -93,24 +93,29 @@
 
 -- Most slices one call may count or walk, most candidate slices it may
 -- look up to plan them, and the walk's limits (step 3).
-local MAX_SLICES = 512
+local MAX_SLICES = 256
 local MAX_CANDIDATES = 2048
 local SKIP_MAX = 2000
 local FEW = 1000
 -- Most probes of slices whose hint was behind their first entry (a hint
--- goes stale when another family's walk takes that entry): past it the call
--- writes the probed slices' hints and answers "again" (step 3).
-local STALE_MAX = 48
+-- goes stale when another family's walk takes that entry, or when it
+-- reaches its margin): past it the call writes the probed slices' hints
+-- and answers "again" (step 3). A cold probe costs ~100 us here: with the
+-- largest plan's own ~1.5 ms, 24 keep a call under 5 ms (measured with
+-- `proxy-pool bench --filters slices`: 512 slices cost 4.4 ms a call on
+-- average, 256 slices 2.1 ms).
+local STALE_MAX = 24
 -- Rate limit units (step 8): one per started UNIT_WORK of work, where a
 -- slice planned or counted is 1, a page read (a probe) PAGE_WORK, an entry
 -- examined 1, a candidate slice looked up or a spent entry passed 1/4, and
 -- a proxy taken TAKE_WORK. The weights follow Redis time (one unit of work
--- is ~5 us on the 2-core machine: a page's ZRANGEBYLEX and ZMSCORE ~40 us,
--- a proxy's removal from the index ~115 us), so a unit is ~2.5 ms of Redis
--- time, and a client at 20 requests/s spends at most ~5% of it.
+-- is ~2.5 us on the 2-core machine: a page's ZRANGEBYLEX and ZMSCORE
+-- ~40 us, a proxy's removal from the index 115-240 us), so a unit is
+-- ~1.3 ms of Redis time, and a client at 20 requests/s spends at most a
+-- few percent of it (docs/performance.md, "Bounded requests").
 local UNIT_WORK = 512
-local PAGE_WORK = 8
-local TAKE_WORK = 24
+local PAGE_WORK = 16
+local TAKE_WORK = 48
 
 pool_policy(ARGV[1])
 local ok_req, req = pcall(cjson.decode, ARGV[2] or '')

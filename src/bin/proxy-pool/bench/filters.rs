@@ -22,7 +22,7 @@ const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
 const MOST: usize = 64;
 /// Most slices (combinations) the planner searches in one call:
 /// `MAX_SLICES` of `lua/extract.lua` (a unit test keeps them equal).
-const PLANNER_SLICES: usize = 512;
+const PLANNER_SLICES: usize = 256;
 
 /// Which filters every request of a cell carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
