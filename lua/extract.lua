@@ -448,8 +448,9 @@ local function fill(cur)
 end
 
 local hinted = family ~= 'pool'
+local hints_read = hinted and #slices > 1   -- the hints key's type is then proven
 local hints = {}
-if hinted and #slices > 1 then
+if hints_read then
   for i = 1, #slices, CHUNK do
     local fields = {}
     for j = i, math.min(i + CHUNK - 1, #slices) do fields[#fields + 1] = slices[j] end
@@ -533,10 +534,11 @@ end
 while found < target and skipped <= SKIP_MAX do
   local top = heap[1]
   local w = waiting_at(next_wait)
-  if w and (top == nil or w.hint <= top.key) and stale >= STALE_MAX then
-    hints_behind = true
-    break
-  elseif w and (top == nil or w.hint <= top.key) then
+  if w and (top == nil or w.hint <= top.key) then
+    if stale >= STALE_MAX then
+      hints_behind = true
+      break
+    end
     next_wait = next_wait + 1
     local cur = {slice = w.slice, prefix = w.slice, from_key = #w.slice + 1, page = first_page,
                  examined = {}, hint = hints[w.slice]}
@@ -668,7 +670,7 @@ local function cleanup_only(reply, with_hints)
   plan_cleanup()
   local hint_life = with_hints and plan_hints()
   local refused = commit(writes, {[fam_key] = #cursors > 0 or nil,
-                                  [K.hint] = (with_hints and hinted and #slices > 1) or nil})
+                                  [K.hint] = (with_hints and hints_read) or nil})
   if refused then return refused end
   for _, range in ipairs(ranges) do redis.call('ZREMRANGEBYLEX', fam_key, range[1], range[2]) end
   if hint_life and hint_life > 0 then redis.call('PEXPIREAT', K.hint, hint_life) end
@@ -789,7 +791,7 @@ local result = '{"requestId":' .. cjson.encode(req.requestId) .. ',"requested":'
 work = work + TAKE_WORK * take
 local known = {[fam_key] = #cursors > 0 or nil,
                [K.proxies] = found > 0 or nil, [K.state] = found > 0 or nil,
-               [K.hint] = (hinted and #slices > 1) or nil}
+               [K.hint] = hints_read or nil}
 local refused = commit(writes, known)
 if refused then return refused end
 for _, range in ipairs(ranges) do redis.call('ZREMRANGEBYLEX', fam_key, range[1], range[2]) end

@@ -8,11 +8,11 @@ use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_proxy-pool");
 
-/// Runs `proxy-pool bench --quick --json` with `args`; it must succeed, and
-/// its report is returned.
-async fn bench_report(args: &[&str]) -> Value {
+/// Runs `proxy-pool bench --json` with `args`; it must succeed, and its
+/// JSON is returned.
+async fn bench_json(args: &[&str]) -> Value {
     let out = Command::new(BIN)
-        .args(["bench", "--quick", "--json"])
+        .args(["bench", "--json"])
         .args(args)
         .output()
         .await
@@ -20,6 +20,11 @@ async fn bench_report(args: &[&str]) -> Value {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     serde_json::from_slice(&out.stdout).expect("a JSON report")
+}
+
+/// The report of `proxy-pool bench --quick --json` with `args`.
+async fn bench_report(args: &[&str]) -> Value {
+    bench_json(&[&["--quick"], args].concat()).await
 }
 
 /// A quick run fills a pool, drives the handler and the trivial-EVALSHA
@@ -211,35 +216,24 @@ async fn adversarial_filters_run_and_report() {
 /// or 409, never a 503), the backlog and what the prune removed.
 #[tokio::test]
 async fn stall_timeline_runs_and_reports() {
-    let out = Command::new(BIN)
-        .args([
-            "bench",
-            "--stall",
-            "--json",
-            "--sizes",
-            "30k",
-            "--combinations",
-            "18",
-            "--stall-after",
-            "8",
-            "--stall-seconds",
-            "3",
-            "--prune-every",
-            "1",
-            "--fresh-per-sec",
-            "100",
-            "--concurrency",
-            "2",
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let timeline: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let timeline = bench_json(&[
+        "--stall",
+        "--sizes",
+        "30k",
+        "--combinations",
+        "18",
+        "--stall-after",
+        "8",
+        "--stall-seconds",
+        "3",
+        "--prune-every",
+        "1",
+        "--fresh-per-sec",
+        "100",
+        "--concurrency",
+        "2",
+    ])
+    .await;
     let seconds = timeline["seconds"].as_array().unwrap();
     let ts: Vec<i64> = seconds.iter().map(|s| s["t"].as_i64().unwrap()).collect();
     assert_eq!(ts, [-2, -1, 0, 1, 2]);

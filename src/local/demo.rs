@@ -101,32 +101,30 @@ impl PoolShape {
 
     /// The name of region `i` (modulo the number of regions).
     pub fn region(&self, i: usize) -> String {
-        let i = i % self.regions;
-        if self.regions <= NAMED_REGIONS.len() {
-            NAMED_REGIONS[i].to_owned()
-        } else {
-            format!("city-{i:03}")
-        }
+        value_name(&NAMED_REGIONS, self.regions, i, |i| format!("city-{i:03}"))
     }
 
     /// The name of carrier `i` (modulo the number of carriers).
     pub fn carrier(&self, i: usize) -> String {
-        let i = i % self.carriers;
-        if self.carriers <= CARRIERS.len() {
-            CARRIERS[i].to_owned()
-        } else {
-            format!("carrier-{i:02}")
-        }
+        value_name(&CARRIERS, self.carriers, i, |i| format!("carrier-{i:02}"))
     }
 
     /// The name of upstream `i` (modulo the number of upstreams).
     pub fn upstream(&self, i: usize) -> String {
-        let i = i % self.upstreams;
-        if self.upstreams <= UPSTREAMS.len() {
-            UPSTREAMS[i].to_owned()
-        } else {
+        value_name(&UPSTREAMS, self.upstreams, i, |i| {
             format!("upstream-{i:02}")
-        }
+        })
+    }
+}
+
+/// Value `i` (modulo `count`) of a dimension with `count` values: from
+/// `named` when they are enough, else `numbered`.
+fn value_name(named: &[&str], count: usize, i: usize, numbered: fn(usize) -> String) -> String {
+    let i = i % count;
+    if count <= named.len() {
+        named[i].to_owned()
+    } else {
+        numbered(i)
     }
 }
 

@@ -87,6 +87,18 @@ pub(super) struct SlowCalls {
     pub other_slowest_us: u64,
 }
 
+impl SlowCalls {
+    /// What `self` and `other` kept, together.
+    fn and(self, other: Self) -> Self {
+        Self {
+            slowest_us: self.slowest_us.max(other.slowest_us),
+            over_1ms: self.over_1ms + other.over_1ms,
+            over_5ms: self.over_5ms + other.over_5ms,
+            other_slowest_us: self.other_slowest_us.max(other.other_slowest_us),
+        }
+    }
+}
+
 impl Bench {
     async fn server_stats(&self) -> Result<ServerStats, BenchError> {
         let info: String = redis::cmd("INFO")
@@ -216,12 +228,7 @@ impl Bench {
             let cpu_after = process_cpu_seconds();
             let after = self.server_stats().await?;
             slow = match (slow, self.slow_calls().await) {
-                (Some(a), Some(b)) => Some(SlowCalls {
-                    slowest_us: a.slowest_us.max(b.slowest_us),
-                    over_1ms: a.over_1ms + b.over_1ms,
-                    over_5ms: a.over_5ms + b.over_5ms,
-                    other_slowest_us: 0,
-                }),
+                (Some(a), Some(b)) => Some(a.and(b)),
                 _ => None,
             };
             calls += after.evalsha_calls.saturating_sub(before.evalsha_calls);
@@ -422,7 +429,7 @@ struct Trivial {
 }
 
 /// `returned` of a 200 extraction body, read without parsing the whole body.
-fn returned(body: &str) -> Option<u64> {
+pub(super) fn returned(body: &str) -> Option<u64> {
     let at = body.find("\"returned\":")? + "\"returned\":".len();
     let digits: String = body[at..]
         .chars()

@@ -23,6 +23,15 @@ const FILL_CHUNK: usize = 2000;
 const FILL_IN_FLIGHT: usize = 4;
 
 impl Bench {
+    /// Empties the bench's Redis database (`FLUSHDB ASYNC`).
+    pub(super) async fn flush(&self) -> Result<(), BenchError> {
+        redis::cmd("FLUSHDB")
+            .arg("ASYNC")
+            .query_async::<()>(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
     /// The shape the next fills and requests use.
     pub(super) fn set_shape(&self, shape: PoolShape) {
         if let Ok(mut s) = self.shape.lock() {

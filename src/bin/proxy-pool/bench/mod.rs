@@ -387,10 +387,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
     let mut cells = Vec::new();
     for &n in &plan.sizes {
         for &shape in &plan.combinations {
-            redis::cmd("FLUSHDB")
-                .arg("ASYNC")
-                .query_async::<()>(&mut bench.conn.clone())
-                .await?;
+            bench.flush().await?;
             bench.set_shape(shape);
             bench.progress.start(
                 n as u64,
@@ -451,10 +448,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
     bench.progress.finish();
     relate(&mut cells);
     slowlog.restore(&bench.conn).await;
-    redis::cmd("FLUSHDB")
-        .arg("ASYNC")
-        .query_async::<()>(&mut bench.conn.clone())
-        .await?;
+    bench.flush().await?;
     bench.servers.shutdown().await;
     drop(bench);
     drop(replica_servers);

@@ -15,7 +15,7 @@
 //!   [`scheduled::PRUNE_BATCH`] and [`scheduled::PRUNE_BUDGET`], what the
 //!   EventBridge schedule runs) every `prune_every` seconds, the first one
 //!   period after the stall (EventBridge runs it once a minute);
-//! * another client's `PING` every millisecond ([`Pinger`]);
+//! * another client's `PING` every millisecond ([`super::pinger::Pinger`]);
 //!
 //! and prints, per second: extractions, p50/p99/max latency, the status
 //! mix, the backlog left (`ZCOUNT {pp}:ix:live -inf now`: spent entries not
@@ -41,8 +41,7 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 use super::caller::Caller;
-use super::cell::percentile;
-use super::pinger::Pinger;
+use super::cell::{percentile, returned};
 use super::plan::{Plan, StallPlan};
 use super::report::{Progress, human, status_mix};
 use super::{Bench, BenchError, SlowlogConfig, Target};
@@ -170,24 +169,19 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
         }
         Target::Url(url) => url,
     };
-    // The pinger of `Bench::new` runs unrecorded; this one takes its
-    // samples second by second.
-    let quiet = Plan {
-        ping_every_ms: 0,
+    // The timeline always has its bystander's `PING`, read second by second.
+    let pinging = Plan {
+        ping_every_ms: plan.ping_every_ms.max(1),
         ..plan.clone()
     };
-    let (bench, redis_version) = Bench::new(&quiet, &url, Vec::new(), progress).await?;
-    let pinger = Pinger::start(&url, Duration::from_millis(plan.ping_every_ms.max(1)))?;
+    let (bench, redis_version) = Bench::new(&pinging, &url, Vec::new(), progress).await?;
     let n = plan.sizes.first().copied().unwrap_or(1_000_000);
     let shape = plan
         .combinations
         .first()
         .copied()
         .unwrap_or(PoolShape::SMALL);
-    redis::cmd("FLUSHDB")
-        .arg("ASYNC")
-        .query_async::<()>(&mut bench.conn.clone())
-        .await?;
+    bench.flush().await?;
     bench.set_shape(shape);
     let slowlog = SlowlogConfig::set(&bench.conn).await;
 
@@ -238,6 +232,10 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
     );
     let end_ms = stall_ms + (stall.seconds as i64) * 1000;
     let bench = Arc::new(bench);
+    let pinger = bench
+        .pinger
+        .as_ref()
+        .ok_or_else(|| BenchError::Failed("no pinger".into()))?;
     let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
     let added = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -350,15 +348,9 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
         seconds,
         prunes: prunes.into_iter().map(|(run, _)| run).collect(),
     };
-    drop(pinger);
     slowlog.restore(&bench.conn).await;
-    if let Ok(bench) = Arc::try_unwrap(bench) {
-        redis::cmd("FLUSHDB")
-            .arg("ASYNC")
-            .query_async::<()>(&mut bench.conn.clone())
-            .await?;
-        drop(bench);
-    }
+    bench.flush().await?;
+    drop(bench);
     drop(private);
     Ok(timeline)
 }
@@ -408,7 +400,7 @@ fn spawn_clients(
                 let (status, served) = match &answer {
                     Some((s, text)) => (
                         s.as_u16(),
-                        *s == StatusCode::OK && !text.contains("\"returned\":0"),
+                        *s == StatusCode::OK && returned(text).is_some_and(|n| n > 0),
                     ),
                     None => (0, false),
                 };
