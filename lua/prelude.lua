@@ -1,7 +1,10 @@
--- prelude.lua: the pool's rules, defined once. It is joined in front of
--- every script when the script is loaded (after the script's `#!lua` line),
--- so every script names the keys, reads the clock, judges records and
--- writes the index the same way.
+-- prelude.lua: the pool's rules, defined once, so every script names the
+-- keys, reads the clock, judges records and writes the index the same way.
+-- It heads the function library every script is a function of (loaded once
+-- with FUNCTION LOAD: its definitions are made once, not on every call),
+-- and is joined in front of each pool script run by EVALSHA where Redis
+-- Functions are refused (src/pool/scripts.rs). Its top level therefore only
+-- defines: the call's keys are bound by bind_keys.
 --
 -- Every pool script takes the same twenty keys first (KEYS[1..20], below),
 -- then its own extra keys, and its first argument is the caller's policy
@@ -67,30 +70,36 @@
 --          probes of a many-slice extraction, never decides what it takes.
 --          A slice has a hint exactly while it has entries.
 
-local K = {
-  proxies = KEYS[1],  -- HASH id -> details JSON
-  state = KEYS[2],    -- HASH id -> state JSON or tombstone
-  expiry = KEYS[3],   -- ZSET id -> expiresAt ms: every proxy and tombstone, for pruning
-  held = KEYS[4],     -- HASH id -> Worker id, while CLAIMED or DRAINING
-  pool = KEYS[5],     -- ZSET (lex) by expiry
-  region = KEYS[6],   -- ZSET (lex) by expiry
-  kind = KEYS[7],     -- ZSET (lex) by expiry
-  atom = KEYS[8],     -- ZSET (lex) by expiry
-  live = KEYS[9],     -- ZSET D -> pool-family member: the index
-  dregion = KEYS[10], -- ZSET (lex) by deadline
-  dkind = KEYS[11],   -- ZSET (lex) by deadline
-  datom = KEYS[12],   -- ZSET (lex) by deadline
-  hint = KEYS[13],    -- HASH slice -> lower bound of its first entry (a slice's
-                      --   "|" count names its family: region 1, kind 3, atom 4)
-  atoms = KEYS[14],   -- HASH "<p>|<r>|<c>|<u>|" -> indexed entries
-  vp = KEYS[15],      -- HASH protocol -> combinations
-  vr = KEYS[16],      -- HASH region -> combinations
-  vc = KEYS[17],      -- HASH carrier -> combinations
-  vu = KEYS[18],      -- HASH upstream -> combinations
-  kinds = KEYS[19],   -- HASH "<p>|<c>|<u>" -> combinations
-  policy = KEYS[20],  -- STRING "<A ms>|<m ms>"
+-- The pool keys by name (K.proxies, ...), bound to the call's KEYS[1..20]
+-- in this order by bind_keys, the first thing every pool script does.
+local K = {}
+local POOL_KEYS = {
+  'proxies',       -- HASH id -> details JSON
+  'state',         -- HASH id -> state JSON or tombstone
+  'expiry',        -- ZSET id -> expiresAt ms: every proxy and tombstone, for pruning
+  'held',          -- HASH id -> Worker id, while CLAIMED or DRAINING
+  'pool',          -- ZSET (lex) by expiry
+  'region',        -- ZSET (lex) by expiry
+  'kind',          -- ZSET (lex) by expiry
+  'atom',          -- ZSET (lex) by expiry
+  'live',          -- ZSET D -> pool-family member: the index
+  'dregion',       -- ZSET (lex) by deadline
+  'dkind',         -- ZSET (lex) by deadline
+  'datom',         -- ZSET (lex) by deadline
+  'hint',          -- HASH slice -> lower bound of its first entry (a slice's
+                   --   "|" count names its family: region 1, kind 3, atom 4)
+  'atoms',         -- HASH "<p>|<r>|<c>|<u>|" -> indexed entries
+  'vp',            -- HASH protocol -> combinations
+  'vr',            -- HASH region -> combinations
+  'vc',            -- HASH carrier -> combinations
+  'vu',            -- HASH upstream -> combinations
+  'kinds',         -- HASH "<p>|<c>|<u>" -> combinations
+  'policy',        -- STRING "<A ms>|<m ms>"
 }
-local POOL_KEY_COUNT = 20
+local function bind_keys(keys)
+  for i, name in ipairs(POOL_KEYS) do K[name] = keys[i] end
+end
+local POOL_KEY_COUNT = #POOL_KEYS
 local FAMILIES = {'pool', 'region', 'kind', 'atom'}
 local DFAMILY = {region = 'dregion', kind = 'dkind', atom = 'datom'}
 

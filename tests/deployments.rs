@@ -142,7 +142,7 @@ async fn start_cluster() -> Vec<RedisServer> {
 /// Against a 3-master Redis Cluster (`PROXY_POOL_REDIS_CLUSTER=true`, seed
 /// nodes in the URL): every pool key lives on the one node owning `{pp}`;
 /// readiness, extraction, idempotent replay and key reuse, shared rate
-/// limits, and a `SCRIPT FLUSH` on every node (NOSCRIPT reload) all work.
+/// limits, and a `FUNCTION FLUSH` and `SCRIPT FLUSH` on every node (the library loaded again) all work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn works_on_a_redis_cluster() {
     let nodes = start_cluster().await;
@@ -175,9 +175,11 @@ async fn works_on_a_redis_cluster() {
         (409, "IDEMPOTENCY_KEY_REUSED")
     );
 
-    // Scripts flushed on every node: reloaded where EVALSHA is routed.
+    // Functions and scripts flushed on every node: loaded again where
+    // FCALL is routed.
     for n in &nodes {
         let mut conn = connect(&n.url()).await;
+        info(&mut conn, &["FUNCTION", "FLUSH"]).await;
         info(&mut conn, &["SCRIPT", "FLUSH"]).await;
     }
     let after_flush = extract_as(&app, r#"{"count":2}"#, &[], me).await;
@@ -462,6 +464,149 @@ async fn every_node_names<'a>(nodes: impl IntoIterator<Item = &'a RedisServer>, 
     }
 }
 
+/// Redis's calls per command on the server at `url` (`INFO commandstats`:
+/// `fcall`, `evalsha`, `function|load`, ...).
+async fn calls_on(url: &str) -> std::collections::BTreeMap<String, u64> {
+    common::command_calls(&info(&mut connect(url).await, &["INFO", "commandstats"]).await)
+}
+
+fn calls_of(calls: &std::collections::BTreeMap<String, u64>, command: &str) -> u64 {
+    calls.get(command).copied().unwrap_or(0)
+}
+
+/// The scripts run as Redis Functions: the library is loaded once (by the
+/// first readiness check), every later script call is one `FCALL` (none
+/// by `EVALSHA`), and after a `FUNCTION FLUSH` the next call finds no
+/// function, loads the library again and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_function_library_is_loaded_once() {
+    let server = RedisServer::start()
+        .await
+        .expect("redis-server must be installed");
+    let config = test_config();
+    let pool = RedisPool::with_options(&server.url(), &config.redis_options()).unwrap();
+    let app = app_over(&config, pool.clone());
+    assert_eq!(ready(&app).await.status, 200);
+    pool.upsert(&proxies("fn", 20)).await.unwrap();
+    let me = "127.0.0.1:1";
+    let before = calls_on(&server.url()).await;
+    for i in 0..5 {
+        let r = extract_as(&app, r#"{"count":2}"#, &[], me).await;
+        assert_eq!(
+            r.ids(),
+            [format!("fn-{:04}", 2 * i), format!("fn-{:04}", 2 * i + 1)]
+        );
+    }
+    let after = calls_on(&server.url()).await;
+    let delta = |command| calls_of(&after, command) - calls_of(&before, command);
+    assert_eq!(delta("fcall"), 5, "{after:?}");
+    assert_eq!(delta("evalsha"), 0, "{after:?}");
+    for _ in 0..3 {
+        assert_eq!(ready(&app).await.status, 200);
+    }
+    assert!(pool.uses_functions());
+    let calls = calls_on(&server.url()).await;
+    assert_eq!(calls_of(&calls, "function|load"), 1, "{calls:?}");
+
+    info(&mut connect(&server.url()).await, &["FUNCTION", "FLUSH"]).await;
+    let r = extract_as(&app, r#"{"count":1}"#, &[], me).await;
+    assert_eq!(r.ids(), ["fn-0010"], "{}", r.body);
+    let calls = calls_on(&server.url()).await;
+    assert_eq!(calls_of(&calls, "function|load"), 2, "{calls:?}");
+    assert!(pool.uses_functions());
+}
+
+/// A Redis that will not run Functions (`FUNCTION` or `FCALL` renamed
+/// away, as a restricted service may have them): the adapter falls back
+/// to `EVALSHA` on its own, after at most one refused `FCALL`, and serves
+/// exactly as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_functions_the_scripts_run_by_evalsha() {
+    for renamed in ["FUNCTION", "FCALL"] {
+        let server = RedisServer::start_with(&["--rename-command", renamed, ""])
+            .await
+            .expect("redis-server must be installed");
+        let config = test_config();
+        let pool = RedisPool::with_options(&server.url(), &config.redis_options()).unwrap();
+        let app = app_over(&config, pool.clone());
+        pool.upsert(&proxies("ev", 10)).await.unwrap();
+        assert!(!pool.uses_functions(), "{renamed}");
+        assert_eq!(ready(&app).await.status, 200);
+        let me = "127.0.0.1:1";
+        let r = extract_as(&app, r#"{"count":3}"#, &[], me).await;
+        assert_eq!(
+            r.ids(),
+            ["ev-0000", "ev-0001", "ev-0002"],
+            "{renamed}: {}",
+            r.body
+        );
+        let calls = calls_on(&server.url()).await;
+        assert!(calls_of(&calls, "fcall") <= 1, "{renamed}: {calls:?}");
+        assert_eq!(calls_of(&calls, "function|load"), 0, "{renamed}: {calls:?}");
+        assert!(calls_of(&calls, "evalsha") >= 3, "{renamed}: {calls:?}");
+    }
+}
+
+/// Redis Functions on a Cluster: the library loaded on the node owning
+/// `{pp}` reaches its replica by replication; once the replica is promoted
+/// (`CLUSTER FAILOVER`), extraction goes on by `FCALL` with no new load.
+/// A node that has no library (`FUNCTION FLUSH` on the new owner) gets it
+/// on `Function not found`, like `NOSCRIPT`, and the call is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_follow_a_cluster_failover() {
+    let nodes = start_cluster().await;
+    let owner_port = slot_owner_port(&mut connect(&nodes[0].url()).await).await;
+    let owner = nodes.iter().find(|n| n.port() == owner_port).unwrap();
+    let replica = cluster_replica_of(owner).await;
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let mut config = test_config();
+    config.redis_cluster = true;
+    let pool = RedisPool::with_options(&urls.join(","), &config.redis_options()).unwrap();
+    let app = app_over(&config, pool.clone());
+    pool.upsert(&proxies("fo", 10)).await.unwrap();
+    let me = "127.0.0.1:1";
+    let r = extract_as(&app, r#"{"count":2}"#, &[], me).await;
+    assert_eq!(r.ids(), ["fo-0000", "fo-0001"], "{}", r.body);
+    assert!(pool.uses_functions());
+    until("the replica holds the library", || {
+        let url = replica.url();
+        async move {
+            let listed: Vec<redis::Value> = redis::cmd("FUNCTION")
+                .arg("LIST")
+                .query_async(&mut connect(&url).await)
+                .await
+                .unwrap();
+            !listed.is_empty()
+        }
+    })
+    .await;
+    let loads_before = calls_of(&calls_on(&replica.url()).await, "function|load");
+
+    info(&mut connect(&replica.url()).await, &["CLUSTER", "FAILOVER"]).await;
+    let replica_port = replica.port();
+    until("the promoted replica owns {pp}", || {
+        let url = urls[0].clone();
+        async move { slot_owner_port(&mut connect(&url).await).await == replica_port }
+    })
+    .await;
+    let r = extract_as(&app, r#"{"count":2}"#, &[], me).await;
+    assert_eq!(r.ids(), ["fo-0002", "fo-0003"], "{}", r.body);
+    let calls = calls_on(&replica.url()).await;
+    assert_eq!(calls_of(&calls, "function|load"), loads_before, "{calls:?}");
+    assert!(calls_of(&calls, "fcall") >= 1, "{calls:?}");
+
+    info(&mut connect(&replica.url()).await, &["FUNCTION", "FLUSH"]).await;
+    let r = extract_as(&app, r#"{"count":2}"#, &[], me).await;
+    assert_eq!(r.ids(), ["fo-0004", "fo-0005"], "{}", r.body);
+    let calls = calls_on(&replica.url()).await;
+    assert_eq!(
+        calls_of(&calls, "function|load"),
+        loads_before + 1,
+        "{calls:?}"
+    );
+    assert!(pool.uses_functions());
+}
+
 /// Proxies whose details are still in the pool.
 async fn pooled(conn: &mut MultiplexedConnection) -> i64 {
     redis::cmd("HLEN")
@@ -478,7 +623,7 @@ async fn pooled(conn: &mut MultiplexedConnection) -> i64 {
 /// client layer resends it. With a key, the repeat is a replay: the same
 /// two proxies are answered, and still nothing more leaves the pool. The
 /// pool is read only after the relay reports that it forwarded the
-/// `EVALSHA` and received (and dropped) its reply.
+/// `FCALL` and received (and dropped) its reply.
 async fn lost_reply_drill(relay: &Relay, url: &str, cluster: bool, owner: &str) {
     let mut config = test_config();
     config.redis_cluster = cluster;
@@ -494,7 +639,7 @@ async fn lost_reply_drill(relay: &Relay, url: &str, cluster: bool, owner: &str) 
     let mut on_owner = connect(owner).await;
     assert_eq!(pooled(&mut on_owner).await, 19);
 
-    let armed = relay.lose_reply_to(b"EVALSHA");
+    let armed = relay.lose_reply_to(b"FCALL");
     let lost = extract_as(&app, r#"{"count":2}"#, &[], me).await;
     assert_eq!(
         (lost.status, lost.code()),
@@ -505,7 +650,7 @@ async fn lost_reply_drill(relay: &Relay, url: &str, cluster: bool, owner: &str) 
     carried_out(armed).await;
     assert_eq!(pooled(&mut on_owner).await, 17, "the extraction ran twice");
 
-    let armed = relay.lose_reply_to(b"EVALSHA");
+    let armed = relay.lose_reply_to(b"FCALL");
     let key = [("idempotency-key", "lost-reply-0001")];
     // The client retries with its key until a request meets the fault: the
     // cluster client refuses requests without sending them while it
@@ -595,23 +740,15 @@ async fn cluster_node() -> RedisServer {
     .expect("redis-server must be installed")
 }
 
-/// With replica acks in cluster mode, the `WAIT` that confirms an
-/// extraction must be answered on the socket that carried it. The `{pp}`
-/// master announces a relay; its replica sleeps (`DEBUG SLEEP`, so it holds
-/// nothing new); `fault` breaks the connection around the extraction. The
-/// answer must be 503, never a 200 confirmed by a `WAIT` on a new socket
-/// (which has no writes, so it would count the sleeping replica at once).
-async fn acknowledgement_drill(fault: impl FnOnce(&Relay) -> Armed) {
-    let nodes = start_cluster().await;
-    let owner_port = slot_owner_port(&mut connect(&nodes[0].url()).await).await;
-    let owner = nodes.iter().find(|n| n.port() == owner_port).unwrap();
-    let mut on_owner = connect(&owner.url()).await;
-    let owner_id = info(&mut on_owner, &["CLUSTER", "MYID"]).await;
+/// A new node added to the cluster as the replica of `owner`, once it
+/// acknowledges the owner's writes.
+async fn cluster_replica_of(owner: &RedisServer) -> RedisServer {
+    let owner_id = info(&mut connect(&owner.url()).await, &["CLUSTER", "MYID"]).await;
     let replica = cluster_node().await;
     let out = tokio::process::Command::new("redis-cli")
         .args(["--cluster", "add-node"])
         .arg(format!("127.0.0.1:{}", replica.port()))
-        .arg(format!("127.0.0.1:{owner_port}"))
+        .arg(format!("127.0.0.1:{}", owner.port()))
         .args(["--cluster-slave", "--cluster-master-id", &owner_id])
         .output()
         .await
@@ -626,6 +763,21 @@ async fn acknowledgement_drill(fault: impl FnOnce(&Relay) -> Armed) {
         async move { common::replicas_acknowledge(&url, "{pp}:probe", 1).await }
     })
     .await;
+    replica
+}
+
+/// With replica acks in cluster mode, the `WAIT` that confirms an
+/// extraction must be answered on the socket that carried it. The `{pp}`
+/// master announces a relay; its replica sleeps (`DEBUG SLEEP`, so it holds
+/// nothing new); `fault` breaks the connection around the extraction. The
+/// answer must be 503, never a 200 confirmed by a `WAIT` on a new socket
+/// (which has no writes, so it would count the sleeping replica at once).
+async fn acknowledgement_drill(fault: impl FnOnce(&Relay) -> Armed) {
+    let nodes = start_cluster().await;
+    let owner_port = slot_owner_port(&mut connect(&nodes[0].url()).await).await;
+    let owner = nodes.iter().find(|n| n.port() == owner_port).unwrap();
+    let mut on_owner = connect(&owner.url()).await;
+    let replica = cluster_replica_of(owner).await;
 
     let relay = Relay::start(([127, 0, 0, 1], owner_port).into())
         .await
@@ -715,7 +867,7 @@ async fn acknowledgement_drill(fault: impl FnOnce(&Relay) -> Armed) {
 /// so its `WAIT` finds the socket dead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_acknowledgement_needs_the_extractions_socket() {
-    acknowledgement_drill(|relay| relay.close_after_reply_to(b"EVALSHA")).await;
+    acknowledgement_drill(|relay| relay.close_after_reply_to(b"FCALL")).await;
 }
 
 /// Cluster mode: the `WAIT` reaches the master but its connection drops
@@ -764,7 +916,7 @@ async fn a_reconnect_between_an_extraction_and_its_wait_confirms_nothing() {
         .await
         .unwrap();
     for round in 0..ROUNDS {
-        let armed = service.close_after_reply_to(b"EVALSHA");
+        let armed = service.close_after_reply_to(b"FCALL");
         let requests: Vec<_> = (0..CONCURRENT)
             .map(|i| {
                 let app = std::sync::Arc::clone(&app);
@@ -828,16 +980,16 @@ async fn acknowledged_pool(
 }
 
 /// With replica acks, the scripts of a batch and its `WAIT` travel in one
-/// write; after `SCRIPT FLUSH` the `NOSCRIPT` answer inside a batch is
-/// followed, as on the shared connection, by a load and a later batch: 200,
-/// acknowledged.
+/// write; after `FUNCTION FLUSH` the `Function not found` answer inside a
+/// batch is followed, as on the shared connection, by a load and a later
+/// batch: 200, acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledged_extraction_survives_script_flush() {
     let (primary, _replica, app, _) = acknowledged_pool("flush", 4).await;
     let me = "127.0.0.1:1";
     let r = extract_as(&app, r#"{"count":1}"#, &[], me).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    info(&mut connect(&primary.url()).await, &["SCRIPT", "FLUSH"]).await;
+    info(&mut connect(&primary.url()).await, &["FUNCTION", "FLUSH"]).await;
     let r = extract_as(&app, r#"{"count":1}"#, &[], me).await;
     assert_eq!(r.ids(), ["flush-0001"], "{}", r.body);
 }

@@ -389,7 +389,7 @@ async fn a_lost_reply_is_recovered_with_the_same_key() {
     )
     .await;
     h.load(&proxies("lost", 5)).await;
-    // Readiness loads the script, so the queued EVALSHA will find it.
+    // Readiness loads the library, so the queued FCALL will find it.
     assert_eq!(h.get("/health/ready").await.status, 200);
     let mut blocker = h.admin().await;
     let mut probe = h.redis().await;

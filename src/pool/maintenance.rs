@@ -70,14 +70,14 @@ pub struct Inventory {
 }
 
 impl RedisPool {
-    /// Loads the maintenance scripts (`SCRIPT LOAD`), so a later `EVALSHA`
-    /// finds them; the extraction script is loaded by [`RedisPool::ping`].
+    /// Loads the maintenance scripts (the function library, or `SCRIPT
+    /// LOAD` where Functions are refused); the extraction script is loaded
+    /// by [`RedisPool::ping`].
     pub async fn load_maintenance_scripts(&self) -> Result<(), PoolError> {
         let mut conn = self.connection();
         self.bounded(async {
-            scripts::PRUNE.load_async(&mut conn).await?;
-            scripts::INVENTORY.load_async(&mut conn).await?;
-            Ok(())
+            self.load_scripts(&mut conn, &[&scripts::PRUNE, &scripts::INVENTORY])
+                .await
         })
         .await
     }

@@ -47,7 +47,7 @@ pub use query::{
 pub use redis_pool::{
     Admission, CREDENTIAL_REREAD_EVERY, CredentialSource, Limit, LimitState, RedisPool,
 };
-pub use scripts::extract_hash;
+pub use scripts::extract_names;
 pub use usage::{
     CallCounter, HourUsage, ProxyCounter, UsageBacklog, UsageOutcome, UsageScope, hour_of,
 };

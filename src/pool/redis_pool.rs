@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
-use redis::{FromRedisValue, Script, ScriptInvocation};
+use redis::{FromRedisValue, RedisError, Script};
 use serde::Serialize;
 
 use super::acknowledger::{Acked, Acknowledger};
@@ -23,7 +23,7 @@ use super::keys;
 use super::new_proxy::{NewProxy, UpsertStatus};
 use super::policy::PoolPolicy;
 use super::query::{CommittedExtraction, ExtractionOutcome, ExtractionQuery};
-use super::scripts;
+use super::scripts::{self, Invocation};
 
 /// After this long without traffic (e.g. a thawed Lambda), or after a failed
 /// call, the connection is PINGed before a script is sent, so a dead socket
@@ -134,6 +134,8 @@ pub struct RedisPool {
     last_used_ms: Arc<AtomicU64>,
     suspect: Arc<AtomicBool>,
     version_checked: Arc<AtomicBool>,
+    /// Redis refused the function library: scripts run by `EVALSHA`.
+    functions_refused: Arc<AtomicBool>,
 }
 
 /// One rate limit for [`RedisPool::admit`] (GCRA).
@@ -187,6 +189,7 @@ impl RedisPool {
             last_used_ms: Arc::new(AtomicU64::new(0)),
             suspect: Arc::new(AtomicBool::new(false)),
             version_checked: Arc::new(AtomicBool::new(false)),
+            functions_refused: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -261,16 +264,49 @@ impl RedisPool {
     }
 
     /// Readiness: Redis answers, runs a supported version, and the
-    /// extraction script is loaded.
+    /// extraction script is loaded (the function library, or the script).
     pub async fn ping(&self) -> Result<(), PoolError> {
         let mut conn = self.link().conn;
         self.bounded(async {
             ping(&mut conn).await?;
             self.check_version(&mut conn).await?;
-            scripts::EXTRACT.load_async(&mut conn).await?;
+            self.load_scripts(&mut conn, &[&scripts::EXTRACT]).await?;
             self.check_policy(&mut conn).await
         })
         .await
+    }
+
+    /// Makes sure the server has `scripts`: the function library (loaded
+    /// when `FUNCTION LIST` lacks it), or, once Redis refused Functions,
+    /// each script (`SCRIPT LOAD`). A node a Cluster client did not ask is
+    /// covered by the load on `Function not found` (see [`Self::run`]).
+    pub(super) async fn load_scripts(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+        scripts: &[&scripts::LuaScript],
+    ) -> Result<(), PoolError> {
+        if self.uses_functions() {
+            let listed: Result<redis::Value, _> = redis::cmd("FUNCTION")
+                .arg("LIST")
+                .arg("LIBRARYNAME")
+                .arg(&scripts::LIBRARY.name)
+                .query_async(conn)
+                .await;
+            let loaded = match listed {
+                Ok(redis::Value::Array(libraries)) if !libraries.is_empty() => Ok(()),
+                Ok(_) => scripts::LIBRARY.load_cmd().query_async::<()>(conn).await,
+                Err(e) => Err(e),
+            };
+            match loaded {
+                Ok(()) => return Ok(()),
+                Err(e) if functions_refused(&e) => self.refuse_functions(&e),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for script in scripts {
+            script.load_async(conn).await?;
+        }
+        Ok(())
     }
 
     /// Refuses a pool that records another policy than this deployment's
@@ -417,7 +453,7 @@ impl RedisPool {
     async fn run_extract(
         &self,
         conn: &mut (impl ConnectionLike + Send),
-        inv: &ScriptInvocation<'_>,
+        inv: &Invocation<'_>,
         retry_on_drop: bool,
     ) -> Result<Vec<String>, PoolError> {
         self.bounded(async {
@@ -510,7 +546,7 @@ impl RedisPool {
     /// Runs a script once, bounded by the timeout.
     pub(super) async fn invoke<T: FromRedisValue>(
         &self,
-        inv: &ScriptInvocation<'_>,
+        inv: &Invocation<'_>,
         retry_on_drop: bool,
     ) -> Result<T, PoolError> {
         let mut conn = self.link().conn;
@@ -527,7 +563,7 @@ impl RedisPool {
     async fn call<T: FromRedisValue>(
         &self,
         conn: &mut (impl ConnectionLike + Send),
-        inv: &ScriptInvocation<'_>,
+        inv: &Invocation<'_>,
         retry_on_drop: bool,
     ) -> Result<T, PoolError> {
         if self.needs_ping() {
@@ -538,7 +574,7 @@ impl RedisPool {
         }
         let mut repeats = 0;
         loop {
-            match inv.invoke_async(conn).await {
+            match self.run(conn, inv).await {
                 Ok(value) => return Ok(value),
                 Err(e) if repeats < MAX_REPEATS && refused_before_running(&e) => {
                     // Not run (a failover or resharding under way): safe to
@@ -556,6 +592,48 @@ impl RedisPool {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Sends `inv` once: an `FCALL`, or its `EVALSHA` twin once Redis has
+    /// refused Functions. A function not found (a new server, a `FUNCTION
+    /// FLUSH`, a Cluster node that never saw the library) is handled like
+    /// `NOSCRIPT`: the library is loaded and the call sent again (it did
+    /// not run). A refused load turns this adapter to `EVALSHA` for good.
+    async fn run<T: FromRedisValue>(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+        inv: &Invocation<'_>,
+    ) -> Result<T, RedisError> {
+        if !self.functions_refused.load(Ordering::Relaxed) {
+            match inv.fcall_cmd().query_async(conn).await {
+                Err(e) if function_missing(&e) => {
+                    match scripts::LIBRARY.load_cmd().query_async::<()>(conn).await {
+                        Ok(()) => return inv.fcall_cmd().query_async(conn).await,
+                        Err(e) if functions_refused(&e) => self.refuse_functions(&e),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) if functions_refused(&e) => self.refuse_functions(&e),
+                other => return other,
+            }
+        }
+        inv.eval().invoke_async(conn).await
+    }
+
+    fn refuse_functions(&self, e: &RedisError) {
+        if !self.functions_refused.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                code = e.code().unwrap_or(""),
+                library = scripts::LIBRARY.name.as_str(),
+                "Redis refused the function library: scripts run by EVALSHA"
+            );
+        }
+    }
+
+    /// Whether scripts run as Redis Functions (`false` once Redis refused
+    /// the library and they run by `EVALSHA`).
+    pub fn uses_functions(&self) -> bool {
+        !self.functions_refused.load(Ordering::Relaxed)
     }
 
     fn needs_ping(&self) -> bool {
@@ -613,6 +691,26 @@ async fn ping(conn: &mut (impl ConnectionLike + Send)) -> Result<(), PoolError> 
         }
     }
     Ok(())
+}
+
+/// `FCALL` named a function this server does not have.
+fn function_missing(e: &RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// The server will not run or load functions at all: `FCALL` or `FUNCTION`
+/// unknown (renamed away, an older or restricted service) or denied by an
+/// ACL. Each of these refusals proves the call did not run.
+fn functions_refused(e: &RedisError) -> bool {
+    match e.code() {
+        Some("NOPERM") => true,
+        Some("ERR") => e.detail().is_some_and(|d| {
+            d.starts_with("unknown command") || d.starts_with("unknown subcommand")
+        }),
+        _ => false,
+    }
 }
 
 /// The extraction script's reply as an outcome.

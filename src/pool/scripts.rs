@@ -1,68 +1,275 @@
-//! The pool's Lua scripts (`lua/`). Each is loaded with `lua/prelude.lua`
-//! joined in after its `#!lua` line, so the key names, the clock, the record
-//! rules and the index writes have one definition.
+//! The Lua scripts (`lua/`), run as Redis Functions with an `EVALSHA` twin.
+//!
+//! Every script is a function of one library: `lua/prelude.lua` at its top
+//! level, then each script's body wrapped in a function. The library is
+//! loaded once per Redis (`FUNCTION LOAD`), so the prelude's definitions are
+//! made once, not on every call, and each call is an `FCALL`. Where Redis
+//! refuses Functions (an older or restricted service, `FUNCTION` renamed
+//! away, an ACL), the adapter runs the same bodies by `EVALSHA`, each pool
+//! script with the prelude joined in after its `#!lua` line.
+//!
+//! The library's name carries a hash of its code, so deployments of two
+//! versions sharing one Redis each call their own functions.
 
 use std::sync::LazyLock;
 
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, Script, ScriptInvocation, ToRedisArgs};
 
 use super::keys;
 use super::policy::PoolPolicy;
 
 const PRELUDE: &str = include_str!("../../lua/prelude.lua");
 
-/// `body` with the prelude joined in after its first (shebang) line.
-fn with_prelude(body: &str) -> String {
-    let (shebang, rest) = body.split_once('\n').unwrap_or((body, ""));
-    format!("{shebang}\n{PRELUDE}\n{rest}")
+/// One script's source: its name in the library, its code (first line a
+/// `#!lua` shebang) and whether it is a pool script (prelude and pool keys).
+struct Source {
+    name: &'static str,
+    code: &'static str,
+    pool: bool,
 }
 
-fn compose(body: &str) -> Script {
-    Script::new(&with_prelude(body))
+const SOURCES: [Source; 10] = [
+    Source {
+        name: "extract",
+        code: include_str!("../../lua/extract.lua"),
+        pool: true,
+    },
+    Source {
+        name: "upsert",
+        code: include_str!("../../lua/upsert.lua"),
+        pool: true,
+    },
+    Source {
+        name: "contract",
+        code: include_str!("../../lua/contract.lua"),
+        pool: true,
+    },
+    Source {
+        name: "prune",
+        code: include_str!("../../lua/prune.lua"),
+        pool: true,
+    },
+    Source {
+        name: "inventory",
+        code: include_str!("../../lua/inventory.lua"),
+        pool: true,
+    },
+    Source {
+        name: "ratelimit",
+        code: include_str!("../../lua/ratelimit.lua"),
+        pool: false,
+    },
+    Source {
+        name: "usage_backlog",
+        code: include_str!("../../lua/usage_backlog.lua"),
+        pool: false,
+    },
+    Source {
+        name: "client_lookup",
+        code: include_str!("../../lua/client_lookup.lua"),
+        pool: false,
+    },
+    Source {
+        name: "client_put",
+        code: include_str!("../../lua/client_put.lua"),
+        pool: false,
+    },
+    Source {
+        name: "client_revoke",
+        code: include_str!("../../lua/client_revoke.lua"),
+        pool: false,
+    },
+];
+
+impl Source {
+    /// The shebang line and the body after it.
+    fn split(&self) -> (&'static str, &'static str) {
+        self.code.split_once('\n').unwrap_or((self.code, ""))
+    }
+
+    /// The code `EVALSHA` runs: a pool script gets the prelude joined in
+    /// after its shebang (Redis reads flags only on the first line).
+    fn eval_code(&self) -> String {
+        if !self.pool {
+            return self.code.to_owned();
+        }
+        let (shebang, body) = self.split();
+        format!("{shebang}\n{PRELUDE}\nbind_keys(KEYS)\n{body}")
+    }
+
+    /// Its shebang flags as `register_function` takes them.
+    fn flags(&self) -> &'static str {
+        let (shebang, _) = self.split();
+        if shebang.contains("flags=no-writes") {
+            "{'no-writes'}"
+        } else {
+            "{}"
+        }
+    }
+}
+
+/// The function library: its name and its code.
+pub(super) struct Library {
+    /// `proxy_pool_<12 hex digits of its code's hash>`.
+    pub(super) name: String,
+    /// The code `FUNCTION LOAD` takes.
+    pub(super) code: String,
+}
+
+impl Library {
+    fn build() -> Self {
+        let mut body = String::from(PRELUDE);
+        for source in &SOURCES {
+            let (_, code) = source.split();
+            let bind = if source.pool { "bind_keys(KEYS)\n" } else { "" };
+            body.push_str(&format!(
+                "\nlocal function run_{}(KEYS, ARGV)\n{bind}{code}\nend\n",
+                source.name
+            ));
+        }
+        // The name follows the code (flags included), so it is hashed
+        // before it is named.
+        let flags: String = SOURCES.iter().map(Source::flags).collect();
+        let hash = Script::new(&format!("{body}{flags}")).get_hash().to_owned();
+        let name = format!("proxy_pool_{}", &hash[..12]);
+        let mut code = format!("#!lua name={name}\n{body}");
+        for source in &SOURCES {
+            code.push_str(&format!(
+                "redis.register_function{{function_name = '{name}_{0}', callback = run_{0}, flags = {1}}}\n",
+                source.name,
+                source.flags()
+            ));
+        }
+        Self { name, code }
+    }
+
+    /// The `FUNCTION LOAD REPLACE` of this library (REPLACE: a library of
+    /// this name has this very code, so a concurrent load is harmless).
+    pub(super) fn load_cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg("REPLACE").arg(&self.code);
+        cmd
+    }
+}
+
+/// The library every script is a function of.
+pub(super) static LIBRARY: LazyLock<Library> = LazyLock::new(Library::build);
+
+/// One script: its function in [`LIBRARY`] and its `EVALSHA` twin.
+pub(super) struct LuaScript {
+    function: String,
+    eval: Script,
+}
+
+impl LuaScript {
+    fn named(name: &str) -> Self {
+        let source = SOURCES
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no script named {name}"));
+        Self {
+            function: format!("{}_{name}", LIBRARY.name),
+            eval: Script::new(&source.eval_code()),
+        }
+    }
+
+    /// Loads the `EVALSHA` twin (`SCRIPT LOAD`).
+    pub(super) async fn load_async(
+        &self,
+        conn: &mut (impl redis::aio::ConnectionLike + Send),
+    ) -> redis::RedisResult<String> {
+        self.eval.load_async(conn).await
+    }
+
+    /// A call of this script, keys and arguments to be added.
+    pub(super) fn prepare_invoke(&self) -> Invocation<'_> {
+        Invocation {
+            script: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// One call of a [`LuaScript`]: its keys and arguments, sent as `FCALL`
+/// or, where Functions are refused, as `EVALSHA`.
+pub(super) struct Invocation<'a> {
+    script: &'a LuaScript,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Invocation<'_> {
+    /// Adds a key (`KEYS[n]`).
+    pub(super) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    /// Adds an argument (`ARGV[n]`).
+    pub(super) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// The `FCALL` of this call (routed in a cluster by its first key).
+    pub(super) fn fcall_cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&self.script.function)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+
+    /// The same call by `EVALSHA` (loaded on `NOSCRIPT` by redis-rs).
+    pub(super) fn eval(&self) -> ScriptInvocation<'_> {
+        let mut inv = self.script.eval.prepare_invoke();
+        for key in &self.keys {
+            inv.key(key);
+        }
+        for arg in &self.args {
+            inv.arg(arg);
+        }
+        inv
+    }
 }
 
 /// `lua/extract.lua`.
-pub(super) static EXTRACT: LazyLock<Script> =
-    LazyLock::new(|| compose(include_str!("../../lua/extract.lua")));
+pub(super) static EXTRACT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::named("extract"));
 /// `lua/upsert.lua`.
-pub(super) static UPSERT: LazyLock<Script> =
-    LazyLock::new(|| compose(include_str!("../../lua/upsert.lua")));
+pub(super) static UPSERT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::named("upsert"));
 /// `lua/contract.lua`.
-pub(super) static CONTRACT: LazyLock<Script> =
-    LazyLock::new(|| compose(include_str!("../../lua/contract.lua")));
+pub(super) static CONTRACT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::named("contract"));
 /// `lua/prune.lua`.
-pub(super) static PRUNE: LazyLock<Script> =
-    LazyLock::new(|| compose(include_str!("../../lua/prune.lua")));
+pub(super) static PRUNE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::named("prune"));
 /// `lua/inventory.lua`.
-pub(super) static INVENTORY: LazyLock<Script> =
-    LazyLock::new(|| compose(include_str!("../../lua/inventory.lua")));
+pub(super) static INVENTORY: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::named("inventory"));
 /// `lua/ratelimit.lua` (not a pool-index script: no prelude).
-pub(super) static RATELIMIT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/ratelimit.lua")));
-
+pub(super) static RATELIMIT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::named("ratelimit"));
 /// `lua/usage_backlog.lua` (read only, no pool keys: no prelude).
-pub(super) static USAGE_BACKLOG: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/usage_backlog.lua")));
+pub(super) static USAGE_BACKLOG: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::named("usage_backlog"));
 /// `lua/client_lookup.lua` (the Redis client registry: no prelude).
-pub(super) static CLIENT_LOOKUP: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/client_lookup.lua")));
+pub(super) static CLIENT_LOOKUP: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::named("client_lookup"));
 /// `lua/client_put.lua`.
-pub(super) static CLIENT_PUT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/client_put.lua")));
+pub(super) static CLIENT_PUT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::named("client_put"));
 /// `lua/client_revoke.lua`.
-pub(super) static CLIENT_REVOKE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/client_revoke.lua")));
+pub(super) static CLIENT_REVOKE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::named("client_revoke"));
 
-/// The SHA-1 `EVALSHA` names `lua/extract.lua` by (as loaded, prelude
-/// joined in), so a reader of `SLOWLOG` or `MONITOR` can tell its calls
-/// from the other scripts'.
-pub fn extract_hash() -> &'static str {
-    EXTRACT.get_hash()
+/// How `SLOWLOG` and `MONITOR` name `lua/extract.lua`'s calls: the
+/// function `FCALL` calls, and the SHA-1 of its `EVALSHA` twin (prelude
+/// joined in), so a reader can tell its calls from the other scripts'.
+pub fn extract_names() -> [&'static str; 2] {
+    [EXTRACT.function.as_str(), EXTRACT.eval.get_hash()]
 }
 
 /// An invocation of a pool script with the pool keys declared and the
 /// caller's pool policy as its first argument.
-pub(super) fn with_pool_keys<'a>(script: &'a Script, policy: &PoolPolicy) -> ScriptInvocation<'a> {
+pub(super) fn with_pool_keys<'a>(script: &'a LuaScript, policy: &PoolPolicy) -> Invocation<'a> {
     let mut inv = script.prepare_invoke();
     for key in keys::POOL {
         inv.key(key);
@@ -76,20 +283,35 @@ mod tests {
     use super::*;
 
     /// The shebang stays the first line (Redis reads flags only there) and
-    /// every pool script sees the prelude.
+    /// every pool script sees the prelude, its keys bound first.
     #[test]
     fn prelude_joins_after_the_shebang() {
-        for body in [
-            include_str!("../../lua/extract.lua"),
-            include_str!("../../lua/upsert.lua"),
-            include_str!("../../lua/contract.lua"),
-            include_str!("../../lua/prune.lua"),
-            include_str!("../../lua/inventory.lua"),
-        ] {
-            let code = with_prelude(body);
+        for source in SOURCES.iter().filter(|s| s.pool) {
+            let code = source.eval_code();
             assert!(code.starts_with("#!lua"), "{}", &code[..20]);
-            assert_eq!(code.lines().next(), body.lines().next());
+            assert_eq!(code.lines().next(), source.code.lines().next());
             assert!(code.contains("local function well_formed"));
+            assert!(code.contains("\nbind_keys(KEYS)\n"));
         }
+    }
+
+    /// The library names itself after its code and registers every script
+    /// once, read-only ones with `no-writes`.
+    #[test]
+    fn library_registers_every_script() {
+        let lib = &*LIBRARY;
+        assert!(lib.code.starts_with(&format!("#!lua name={}\n", lib.name)));
+        for source in &SOURCES {
+            let line = format!("function_name = '{}_{}'", lib.name, source.name);
+            assert_eq!(lib.code.matches(&line).count(), 1, "{line}");
+        }
+        assert!(
+            lib.code
+                .contains("_inventory', callback = run_inventory, flags = {'no-writes'}")
+        );
+        assert!(
+            lib.code
+                .contains("_extract', callback = run_extract, flags = {}")
+        );
     }
 }

@@ -13,7 +13,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use redis::ScriptInvocation;
 use serde::Serialize;
 
 use super::error::PoolError;
@@ -72,7 +71,7 @@ impl UsageScope {
 
     /// Adds the counters' two keys to an extraction call (in the place
     /// `lua/extract.lua` expects them) and returns its request's `usage`.
-    pub(super) fn declare(&self, inv: &mut ScriptInvocation<'_>) -> serde_json::Value {
+    pub(super) fn declare(&self, inv: &mut super::scripts::Invocation<'_>) -> serde_json::Value {
         inv.key(keys::usage_hour(self.hours[0]))
             .key(keys::usage_hour(self.hours[1]));
         serde_json::json!({

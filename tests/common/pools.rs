@@ -64,6 +64,15 @@ pub async fn command_calls(h: &Harness) -> BTreeMap<String, u64> {
     super::command_calls(&info)
 }
 
+/// Script calls in `calls` (from [`command_calls`]): `FCALL`s, and
+/// `EVALSHA`s where Functions are refused.
+pub fn script_calls(calls: &BTreeMap<String, u64>) -> u64 {
+    ["fcall", "evalsha"]
+        .iter()
+        .filter_map(|name| calls.get(*name))
+        .sum()
+}
+
 /// Commands Redis ran (scripts' own commands included, the script call
 /// itself and the inspection excluded) while `body` was extracted once.
 pub async fn commands_for(h: &Harness, body: &str) -> (u64, Reply) {
@@ -72,7 +81,10 @@ pub async fn commands_for(h: &Harness, body: &str) -> (u64, Reply) {
     let after = command_calls(h).await;
     let ran = after
         .iter()
-        .filter(|(name, _)| !["evalsha", "eval", "info", "script", "ping"].contains(&name.as_str()))
+        .filter(|(name, _)| {
+            !["fcall", "evalsha", "eval", "info", "script", "ping"].contains(&name.as_str())
+                && !name.starts_with("function")
+        })
         .map(|(name, n)| n - before.get(name).copied().unwrap_or(0))
         .sum();
     (ran, r)

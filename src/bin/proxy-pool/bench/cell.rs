@@ -69,8 +69,8 @@ impl Ask {
 /// Redis counters read around a timed window.
 #[derive(Clone, Copy, Default)]
 struct ServerStats {
-    evalsha_calls: u64,
-    evalsha_usec: u64,
+    script_calls: u64,
+    script_usec: u64,
     cpu_seconds: f64,
 }
 
@@ -107,11 +107,18 @@ impl Bench {
             .query_async(&mut self.conn.clone())
             .await?;
         let mut stats = ServerStats::default();
-        if let Some(line) = info.lines().find(|l| l.starts_with("cmdstat_evalsha:")) {
-            for part in line["cmdstat_evalsha:".len()..].split(',') {
+        // Script calls: `EVALSHA`, and `FCALL` (the extraction as a function).
+        for line in info.lines() {
+            let Some(fields) = ["cmdstat_evalsha:", "cmdstat_fcall:"]
+                .iter()
+                .find_map(|prefix| line.strip_prefix(prefix))
+            else {
+                continue;
+            };
+            for part in fields.split(',') {
                 match part.split_once('=') {
-                    Some(("calls", v)) => stats.evalsha_calls = v.parse().unwrap_or(0),
-                    Some(("usec", v)) => stats.evalsha_usec = v.parse().unwrap_or(0),
+                    Some(("calls", v)) => stats.script_calls += v.parse().unwrap_or(0),
+                    Some(("usec", v)) => stats.script_usec += v.parse().unwrap_or(0),
                     _ => {}
                 }
             }
@@ -145,7 +152,7 @@ impl Bench {
             .query_async::<()>(&mut conn)
             .await
             .ok()?;
-        let sha = proxy_pool::pool::extract_hash();
+        let names = proxy_pool::pool::extract_names();
         let mut slow = SlowCalls::default();
         let redis::Value::Array(entries) = entries else {
             return Some(slow);
@@ -160,8 +167,8 @@ impl Bench {
                 continue;
             };
             let us = *us as u64;
-            let is_extract =
-                matches!(args.get(1), Some(redis::Value::BulkString(b)) if b == sha.as_bytes());
+            let is_extract = matches!(args.get(1), Some(redis::Value::BulkString(b))
+                if names.iter().any(|name| b == name.as_bytes()));
             if !is_extract {
                 slow.other_slowest_us = slow.other_slowest_us.max(us);
                 continue;
@@ -231,8 +238,8 @@ impl Bench {
                 (Some(a), Some(b)) => Some(a.and(b)),
                 _ => None,
             };
-            calls += after.evalsha_calls.saturating_sub(before.evalsha_calls);
-            usec += after.evalsha_usec.saturating_sub(before.evalsha_usec);
+            calls += after.script_calls.saturating_sub(before.script_calls);
+            usec += after.script_usec.saturating_sub(before.script_usec);
             redis_cpu += after.cpu_seconds - before.cpu_seconds;
             match (cpu_before, cpu_after) {
                 (Some(a), Some(b)) => client_cpu += b - a,
@@ -414,8 +421,8 @@ impl Bench {
         Ok(Trivial {
             calls: done.load(Ordering::Relaxed),
             seconds,
-            server_calls: after.evalsha_calls.saturating_sub(before.evalsha_calls),
-            server_usec: after.evalsha_usec.saturating_sub(before.evalsha_usec),
+            server_calls: after.script_calls.saturating_sub(before.script_calls),
+            server_usec: after.script_usec.saturating_sub(before.script_usec),
         })
     }
 }

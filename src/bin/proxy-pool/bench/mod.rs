@@ -33,7 +33,7 @@
 //! with `count` proxies; anything else is counted as short or failed.
 //!
 //! Besides the client-side figures, each cell reads Redis's own cost of the
-//! extraction script (`INFO commandstats` `usec` / `calls` of `evalsha`, and
+//! extraction script (`INFO commandstats` `usec` / `calls` of `fcall` and `evalsha`, and
 //! `INFO cpu` per call) over exactly the timed rounds, the trivial script's
 //! the same way over its own windows, and the bench's own CPU time per
 //! request (handler + redis-rs + tokio, from `/proc/self/task/*/schedstat`).

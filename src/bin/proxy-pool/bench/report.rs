@@ -91,7 +91,7 @@ pub struct Cell {
     /// Pings sent during the timed rounds.
     pub pings: usize,
     /// Share of the timed rounds' wall time Redis spent running scripts
-    /// (`evalsha` usec of `INFO commandstats`: the extractions, and with
+    /// (`fcall` and `evalsha` usec of `INFO commandstats`: the extractions, and with
     /// `--client-rate` the rate limit's script; the commands a script runs
     /// are inside its time).
     pub redis_busy: f64,
@@ -371,7 +371,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "x none = srv us/call over that of the unfiltered count=1 cell of the same pool and C; slowest us = the longest extraction call SLOWLOG kept (calls of 1 ms or more; 0: none), >5ms = how many took over 5 ms; ping = another client's PING round trip{} during the timed rounds; busy = share of the rounds' wall time Redis spent running scripts (EVALSHA usec: extractions, and with a client rate limit its script); statuses = HTTP status: answers (200 includes short ones).",
+            "x none = srv us/call over that of the unfiltered count=1 cell of the same pool and C; slowest us = the longest extraction call SLOWLOG kept (calls of 1 ms or more; 0: none), >5ms = how many took over 5 ms; ping = another client's PING round trip{} during the timed rounds; busy = share of the rounds' wall time Redis spent running scripts (FCALL and EVALSHA usec: extractions, and with a client rate limit its script); statuses = HTTP status: answers (200 includes short ones).",
             match self.plan.ping_every_ms {
                 0 => " (not measured: --ping-every-ms 0)".to_owned(),
                 ms => format!(" every {ms} ms on its own connection and thread"),
