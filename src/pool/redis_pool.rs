@@ -277,8 +277,8 @@ impl RedisPool {
     }
 
     /// Makes sure the server has `scripts`: the function library (loaded
-    /// when `FUNCTION LIST` lacks it), or, once Redis refused Functions,
-    /// each script (`SCRIPT LOAD`). A node a Cluster client did not ask is
+    /// when `FUNCTION LIST` lacks it), or, once Redis refused Functions or
+    /// when the library could not be loaded, each script (`SCRIPT LOAD`). A node a Cluster client did not ask is
     /// covered by the load on `Function not found` (see [`Self::run`]).
     pub(super) async fn load_scripts(
         &self,
@@ -300,7 +300,7 @@ impl RedisPool {
             match loaded {
                 Ok(()) => return Ok(()),
                 Err(e) if functions_refused(&e) => self.refuse_functions(&e),
-                Err(e) => return Err(e.into()),
+                Err(e) => library_not_loaded(&e),
             }
         }
         for script in scripts {
@@ -598,7 +598,9 @@ impl RedisPool {
     /// refused Functions. A function not found (a new server, a `FUNCTION
     /// FLUSH`, a Cluster node that never saw the library) is handled like
     /// `NOSCRIPT`: the library is loaded and the call sent again (it did
-    /// not run). A refused load turns this adapter to `EVALSHA` for good.
+    /// not run). A refused load turns this adapter to `EVALSHA` for good;
+    /// a load that failed otherwise (in a Cluster it goes to every master)
+    /// runs this one call by `EVALSHA`.
     async fn run<T: FromRedisValue>(
         &self,
         conn: &mut (impl ConnectionLike + Send),
@@ -610,7 +612,9 @@ impl RedisPool {
                     match scripts::LIBRARY.load_cmd().query_async::<()>(conn).await {
                         Ok(()) => return inv.fcall_cmd().query_async(conn).await,
                         Err(e) if functions_refused(&e) => self.refuse_functions(&e),
-                        Err(e) => return Err(e),
+                        // E.g. a Cluster master other than the pool's down:
+                        // this call runs by EVALSHA, the next tries again.
+                        Err(e) => library_not_loaded(&e),
                     }
                 }
                 Err(e) if functions_refused(&e) => self.refuse_functions(&e),
@@ -691,6 +695,17 @@ async fn ping(conn: &mut (impl ConnectionLike + Send)) -> Result<(), PoolError> 
         }
     }
     Ok(())
+}
+
+/// A library load that failed for another reason than a refusal of
+/// Functions: logged; the caller goes on by `EVALSHA`.
+fn library_not_loaded(e: &RedisError) {
+    tracing::warn!(
+        code = e.code().unwrap_or(""),
+        kind = ?e.kind(),
+        library = scripts::LIBRARY.name.as_str(),
+        "the function library could not be loaded: running the script by EVALSHA"
+    );
 }
 
 /// `FCALL` named a function this server does not have.
