@@ -43,6 +43,10 @@ pub struct Config {
     /// `PROXY_POOL_REDIS_CLUSTER`: `true` when the URL names Redis Cluster
     /// seed nodes (comma-separated), e.g. ElastiCache cluster mode enabled.
     pub redis_cluster: bool,
+    /// `PROXY_POOL_REDIS_FUNCTIONS`: run the scripts as Redis Functions
+    /// (default `true`; `false` runs them by `EVALSHA`, as happens on its
+    /// own where Redis refuses Functions).
+    pub redis_functions: bool,
     /// `PROXY_POOL_REDIS_CA_FILE`: PEM CA bundle trusted for `rediss://`
     /// instead of the system roots.
     pub redis_ca_file: Option<std::path::PathBuf>,
@@ -105,6 +109,7 @@ impl Default for Config {
             max_body_bytes: 16 * 1024,
             redis_timeout: Duration::from_millis(2000),
             redis_cluster: false,
+            redis_functions: true,
             redis_ca_file: None,
             replica_acks: 0,
             replica_ack_timeout: Duration::from_millis(500),
@@ -147,6 +152,7 @@ impl Config {
         RedisOptions {
             timeout: self.redis_timeout,
             cluster: self.redis_cluster,
+            functions: self.redis_functions,
             ca_file: self.redis_ca_file.clone(),
             replica_acks: self.replica_acks,
             replica_ack_timeout: self.replica_ack_timeout,
@@ -213,6 +219,7 @@ impl Config {
             max_body_bytes,
             redis_timeout,
             redis_cluster,
+            redis_functions,
             redis_ca_file,
             replica_acks,
             replica_ack_timeout,
@@ -268,6 +275,7 @@ impl Config {
             ("max_body_bytes", max_body_bytes.to_string()),
             ("redis_timeout_ms", ms(redis_timeout)),
             ("redis_cluster", redis_cluster.to_string()),
+            ("redis_functions", redis_functions.to_string()),
             ("redis_ca_file", path(redis_ca_file)),
             ("replica_acks", replica_acks.to_string()),
             ("replica_ack_timeout_ms", ms(replica_ack_timeout)),
@@ -404,6 +412,7 @@ impl Config {
             )? as usize,
             redis_timeout,
             redis_cluster,
+            redis_functions: flag(&get, "PROXY_POOL_REDIS_FUNCTIONS", d.redis_functions)?,
             redis_ca_file: get("PROXY_POOL_REDIS_CA_FILE").map(std::path::PathBuf::from),
             replica_acks,
             replica_ack_timeout,
@@ -596,6 +605,7 @@ mod tests {
             ("PROXY_POOL_MAX_BODY_BYTES", "4096"),
             ("PROXY_POOL_REDIS_TIMEOUT_MS", "250"),
             ("PROXY_POOL_REDIS_CLUSTER", "true"),
+            ("PROXY_POOL_REDIS_FUNCTIONS", "false"),
             ("PROXY_POOL_REDIS_CA_FILE", "/etc/ca.pem"),
             ("PROXY_POOL_REPLICA_ACKS", "1"),
             ("PROXY_POOL_REPLICA_ACK_TIMEOUT_MS", "200"),
@@ -630,6 +640,8 @@ mod tests {
         assert_eq!(c.max_body_bytes, 4096);
         assert_eq!(c.redis_timeout, Duration::from_millis(250));
         assert!(c.redis_cluster);
+        assert!(!c.redis_functions);
+        assert!(!c.redis_options().functions);
         assert_eq!(
             c.redis_ca_file.as_deref(),
             Some(std::path::Path::new("/etc/ca.pem"))

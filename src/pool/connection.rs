@@ -33,6 +33,8 @@ pub struct RedisOptions {
     /// The URL names Redis Cluster seed nodes (comma-separated) rather than
     /// one server.
     pub cluster: bool,
+    /// Run the scripts as Redis Functions (`false`: by `EVALSHA`).
+    pub functions: bool,
     /// PEM file of the CA that signs the server's certificate (`rediss://`);
     /// `None` trusts the system's roots (enough for ElastiCache, whose
     /// certificates chain to Amazon's public CA).
@@ -54,6 +56,7 @@ impl RedisOptions {
         Self {
             timeout,
             cluster: false,
+            functions: true,
             ca_file: None,
             replica_acks: 0,
             replica_ack_timeout: Duration::ZERO,

@@ -189,7 +189,7 @@ impl RedisPool {
             last_used_ms: Arc::new(AtomicU64::new(0)),
             suspect: Arc::new(AtomicBool::new(false)),
             version_checked: Arc::new(AtomicBool::new(false)),
-            functions_refused: Arc::new(AtomicBool::new(false)),
+            functions_refused: Arc::new(AtomicBool::new(!options.functions)),
         })
     }
 

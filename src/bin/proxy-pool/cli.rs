@@ -424,6 +424,10 @@ pub struct BenchArgs {
     /// default, as in a deployment with an aggregates database).
     #[arg(long)]
     pub no_usage_counters: bool,
+    /// Run the scripts by EVALSHA instead of as Redis Functions
+    /// (PROXY_POOL_REDIS_FUNCTIONS=false), to measure what Functions save
+    #[arg(long)]
+    pub evalsha: bool,
     /// Clients in the Redis client registry (PROXY_POOL_CLIENT_REGISTRY=redis),
     /// loaded after each fill; every request presents one of their API keys,
     /// so identity includes the lookup (default 0: anonymous callers).

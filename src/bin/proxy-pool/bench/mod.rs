@@ -154,6 +154,7 @@ pub async fn command(args: BenchArgs) -> CliResult {
         return Err("--replicas needs the bench's private Redis (no --redis-url)".into());
     }
     plan.usage_counters = !args.no_usage_counters;
+    plan.evalsha = args.evalsha;
     plan.all_or_nothing = args.all_or_nothing;
     plan.pace = args.pace;
     plan.ping_every_ms = args.ping_every_ms.unwrap_or(plan.ping_every_ms);
@@ -487,6 +488,7 @@ fn bench_config(plan: &Plan, url: &str) -> Result<Config, BenchError> {
         // checks must stay fresh for the whole run (and with --stall, the
         // fill's go stale together, see stall.rs).
         max_health_check_age: Duration::from_secs(3600),
+        redis_functions: !plan.evalsha,
         ..Config::default()
     })
 }

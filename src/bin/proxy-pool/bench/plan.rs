@@ -45,6 +45,8 @@ pub struct Plan {
     pub replica_acks: Vec<u32>,
     /// Count each extraction in the hourly usage counters.
     pub usage_counters: bool,
+    /// Run the scripts by `EVALSHA` instead of as Redis Functions.
+    pub evalsha: bool,
     /// Clients in the Redis client registry; requests present their API
     /// keys (0: anonymous callers, no registry).
     pub registry_clients: usize,
@@ -132,6 +134,7 @@ impl Plan {
             replica_lags_ms: vec![0.0],
             replica_acks: vec![0],
             usage_counters: true,
+            evalsha: false,
             registry_clients: 0,
             http: false,
             all_or_nothing: false,

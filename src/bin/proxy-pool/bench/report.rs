@@ -301,9 +301,14 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "proxy-pool bench: redis {} on {} CPUs, {}, {}, {}, {}, {}",
+            "proxy-pool bench: redis {} on {} CPUs, {}, {}, {}, {}, {}, {}",
             self.redis_version,
             self.cpus,
+            if self.plan.evalsha {
+                "scripts by EVALSHA"
+            } else {
+                "scripts as Functions"
+            },
             if self.plan.http {
                 "over HTTP through serve's server"
             } else {
