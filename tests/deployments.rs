@@ -516,6 +516,28 @@ async fn the_function_library_is_loaded_once() {
     assert!(pool.uses_functions());
 }
 
+/// `PROXY_POOL_REDIS_FUNCTIONS=false`: every script runs by `EVALSHA`, and
+/// no library is loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_can_be_turned_off() {
+    let server = RedisServer::start()
+        .await
+        .expect("redis-server must be installed");
+    let mut config = test_config();
+    config.redis_functions = false;
+    let pool = RedisPool::with_options(&server.url(), &config.redis_options()).unwrap();
+    let app = app_over(&config, pool.clone());
+    assert_eq!(ready(&app).await.status, 200);
+    pool.upsert(&proxies("off", 4)).await.unwrap();
+    let r = extract_as(&app, r#"{"count":2}"#, &[], "127.0.0.1:1").await;
+    assert_eq!(r.ids(), ["off-0000", "off-0001"], "{}", r.body);
+    assert!(!pool.uses_functions());
+    let calls = calls_on(&server.url()).await;
+    assert_eq!(calls_of(&calls, "fcall"), 0, "{calls:?}");
+    assert_eq!(calls_of(&calls, "function|load"), 0, "{calls:?}");
+    assert!(calls_of(&calls, "evalsha") >= 2, "{calls:?}");
+}
+
 /// A Redis that will not run Functions (`FUNCTION` or `FCALL` renamed
 /// away, as a restricted service may have them): the adapter falls back
 /// to `EVALSHA` on its own, after at most one refused `FCALL`, and serves
