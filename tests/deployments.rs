@@ -629,6 +629,40 @@ async fn functions_follow_a_cluster_failover() {
     assert!(pool.uses_functions());
 }
 
+/// In a Cluster the library is loaded on the master owning `{pp}` only: with
+/// another master down (the cluster still serving the pool's slot), a call
+/// that finds no function loads it there, by `FCALL` still, and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_down_elsewhere_does_not_stop_the_library_load() {
+    let mut nodes = start_cluster().await;
+    for n in &nodes {
+        let mut conn = connect(&n.url()).await;
+        info(
+            &mut conn,
+            &["CONFIG", "SET", "cluster-require-full-coverage", "no"],
+        )
+        .await;
+    }
+    let owner_port = slot_owner_port(&mut connect(&nodes[0].url()).await).await;
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let mut config = test_config();
+    config.redis_cluster = true;
+    let pool = RedisPool::with_options(&urls.join(","), &config.redis_options()).unwrap();
+    let app = app_over(&config, pool.clone());
+    pool.upsert(&proxies("md", 4)).await.unwrap();
+    let owner_url = format!("redis://127.0.0.1:{owner_port}/");
+    info(&mut connect(&owner_url).await, &["FUNCTION", "FLUSH"]).await;
+    let loads = calls_of(&calls_on(&owner_url).await, "function|load");
+    let other = nodes.iter().position(|n| n.port() != owner_port).unwrap();
+    drop(nodes.remove(other));
+
+    let r = extract_as(&app, r#"{"count":2}"#, &[], "127.0.0.1:1").await;
+    assert_eq!(r.ids(), ["md-0000", "md-0001"], "{}", r.body);
+    let calls = calls_on(&owner_url).await;
+    assert_eq!(calls_of(&calls, "function|load"), loads + 1, "{calls:?}");
+    assert!(pool.uses_functions());
+}
+
 /// Proxies whose details are still in the pool.
 async fn pooled(conn: &mut MultiplexedConnection) -> i64 {
     redis::cmd("HLEN")

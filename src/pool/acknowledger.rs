@@ -24,7 +24,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::{Semaphore, oneshot};
 
-use super::connection::{DirectOpener, PoolConnection};
+use super::connection::{DirectOpener, PoolConnection, ScriptConnection};
 use super::error::{OutageClass, outage_class};
 
 /// Most sockets one process opens for acknowledged extractions: as many
@@ -245,6 +245,9 @@ impl AckedConnection {
         }
     }
 }
+
+/// A lane is one socket to the pool's primary: every command goes there.
+impl ScriptConnection for AckedConnection {}
 
 impl ConnectionLike for AckedConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {

@@ -15,6 +15,7 @@ use redis::aio::{
 };
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, FromRedisValue, Pipeline, RedisError,
     RedisFuture, RedisResult, ServerErrorKind, TlsCertificates, Value,
@@ -254,6 +255,31 @@ impl PoolConnection {
     /// `true` for a Redis Cluster connection.
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner, Inner::Cluster(_))
+    }
+}
+
+/// A connection the scripts run on. It also sends a command with no key
+/// (the function library's load) to where the pool's keys live: in a
+/// Cluster, the master owning `{pp}` only (redis-rs would send it to every
+/// master, and fail it while any of them is down).
+pub(crate) trait ScriptConnection: ConnectionLike + Send {
+    /// Sends `cmd` to the server holding the pool.
+    fn send_to_pool_node<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.req_packed_command(cmd)
+    }
+}
+
+impl ScriptConnection for PoolConnection {
+    fn send_to_pool_node<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let Inner::Cluster(lazy) = &self.inner else {
+            return self.req_packed_command(cmd);
+        };
+        let lazy = Arc::clone(lazy);
+        Box::pin(async move {
+            let route = Route::with_key(keys::HASH_TAG, SlotAddr::Master);
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+            lazy.get().await?.route_command(cmd.clone(), routing).await
+        })
     }
 }
 

@@ -17,7 +17,7 @@ use redis::{FromRedisValue, RedisError, Script};
 use serde::Serialize;
 
 use super::acknowledger::{Acked, Acknowledger};
-use super::connection::{PoolConnection, RedisOptions};
+use super::connection::{PoolConnection, RedisOptions, ScriptConnection};
 use super::error::{OutageClass, PoolError, refused_before_running};
 use super::keys;
 use super::new_proxy::{NewProxy, UpsertStatus};
@@ -282,7 +282,7 @@ impl RedisPool {
     /// covered by the load on `Function not found` (see [`Self::run`]).
     pub(super) async fn load_scripts(
         &self,
-        conn: &mut (impl ConnectionLike + Send),
+        conn: &mut impl ScriptConnection,
         scripts: &[&scripts::LuaScript],
     ) -> Result<(), PoolError> {
         if self.uses_functions() {
@@ -294,7 +294,7 @@ impl RedisPool {
                 .await;
             let loaded = match listed {
                 Ok(redis::Value::Array(libraries)) if !libraries.is_empty() => Ok(()),
-                Ok(_) => scripts::LIBRARY.load_cmd().query_async::<()>(conn).await,
+                Ok(_) => load_library(conn).await,
                 Err(e) => Err(e),
             };
             match loaded {
@@ -452,7 +452,7 @@ impl RedisPool {
     /// answers exactly).
     async fn run_extract(
         &self,
-        conn: &mut (impl ConnectionLike + Send),
+        conn: &mut impl ScriptConnection,
         inv: &Invocation<'_>,
         retry_on_drop: bool,
     ) -> Result<Vec<String>, PoolError> {
@@ -562,7 +562,7 @@ impl RedisPool {
     /// never resend (see `connection.rs`).
     async fn call<T: FromRedisValue>(
         &self,
-        conn: &mut (impl ConnectionLike + Send),
+        conn: &mut impl ScriptConnection,
         inv: &Invocation<'_>,
         retry_on_drop: bool,
     ) -> Result<T, PoolError> {
@@ -603,13 +603,13 @@ impl RedisPool {
     /// runs this one call by `EVALSHA`.
     async fn run<T: FromRedisValue>(
         &self,
-        conn: &mut (impl ConnectionLike + Send),
+        conn: &mut impl ScriptConnection,
         inv: &Invocation<'_>,
     ) -> Result<T, RedisError> {
         if !self.functions_refused.load(Ordering::Relaxed) {
             match inv.fcall_cmd().query_async(conn).await {
                 Err(e) if function_missing(&e) => {
-                    match scripts::LIBRARY.load_cmd().query_async::<()>(conn).await {
+                    match load_library(conn).await {
                         Ok(()) => return inv.fcall_cmd().query_async(conn).await,
                         Err(e) if functions_refused(&e) => self.refuse_functions(&e),
                         // E.g. a Cluster master other than the pool's down:
@@ -695,6 +695,12 @@ async fn ping(conn: &mut (impl ConnectionLike + Send)) -> Result<(), PoolError> 
         }
     }
     Ok(())
+}
+
+/// Loads the function library on the server holding the pool.
+async fn load_library(conn: &mut impl ScriptConnection) -> Result<(), RedisError> {
+    let reply = conn.send_to_pool_node(&scripts::LIBRARY.load_cmd()).await?;
+    reply.extract_error().map(drop)
 }
 
 /// A library load that failed for another reason than a refusal of
