@@ -464,6 +464,22 @@ async fn every_node_names<'a>(nodes: impl IntoIterator<Item = &'a RedisServer>, 
     }
 }
 
+/// A pool over `nodes` in cluster mode (every node a seed), its handler,
+/// and `n` proxies named `prefix` loaded.
+async fn cluster_pool(
+    nodes: &[RedisServer],
+    prefix: &str,
+    n: usize,
+) -> (RedisPool, std::sync::Arc<App>) {
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let mut config = test_config();
+    config.redis_cluster = true;
+    let pool = RedisPool::with_options(&urls.join(","), &config.redis_options()).unwrap();
+    let app = app_over(&config, pool.clone());
+    pool.upsert(&proxies(prefix, n)).await.unwrap();
+    (pool, app)
+}
+
 /// Redis's calls per command on the server at `url` (`INFO commandstats`:
 /// `fcall`, `evalsha`, `function|load`, ...).
 async fn calls_on(url: &str) -> std::collections::BTreeMap<String, u64> {
@@ -580,12 +596,7 @@ async fn functions_follow_a_cluster_failover() {
     let owner_port = slot_owner_port(&mut connect(&nodes[0].url()).await).await;
     let owner = nodes.iter().find(|n| n.port() == owner_port).unwrap();
     let replica = cluster_replica_of(owner).await;
-    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
-    let mut config = test_config();
-    config.redis_cluster = true;
-    let pool = RedisPool::with_options(&urls.join(","), &config.redis_options()).unwrap();
-    let app = app_over(&config, pool.clone());
-    pool.upsert(&proxies("fo", 10)).await.unwrap();
+    let (pool, app) = cluster_pool(&nodes, "fo", 10).await;
     let me = "127.0.0.1:1";
     let r = extract_as(&app, r#"{"count":2}"#, &[], me).await;
     assert_eq!(r.ids(), ["fo-0000", "fo-0001"], "{}", r.body);
@@ -607,7 +618,7 @@ async fn functions_follow_a_cluster_failover() {
     info(&mut connect(&replica.url()).await, &["CLUSTER", "FAILOVER"]).await;
     let replica_port = replica.port();
     until("the promoted replica owns {pp}", || {
-        let url = urls[0].clone();
+        let url = nodes[0].url();
         async move { slot_owner_port(&mut connect(&url).await).await == replica_port }
     })
     .await;
@@ -644,12 +655,7 @@ async fn a_master_down_elsewhere_does_not_stop_the_library_load() {
         .await;
     }
     let owner_port = slot_owner_port(&mut connect(&nodes[0].url()).await).await;
-    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
-    let mut config = test_config();
-    config.redis_cluster = true;
-    let pool = RedisPool::with_options(&urls.join(","), &config.redis_options()).unwrap();
-    let app = app_over(&config, pool.clone());
-    pool.upsert(&proxies("md", 4)).await.unwrap();
+    let (pool, app) = cluster_pool(&nodes, "md", 4).await;
     let owner_url = format!("redis://127.0.0.1:{owner_port}/");
     info(&mut connect(&owner_url).await, &["FUNCTION", "FLUSH"]).await;
     let loads = calls_of(&calls_on(&owner_url).await, "function|load");

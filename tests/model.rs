@@ -427,43 +427,40 @@ async fn step(
         Err(_) if !alive.all() => return Ok(()),
         Err(e) => return Err(TestCaseError::fail(format!("after step {n}: {op:?}: {e}"))),
     };
-    if alive.all() {
-        prop_assert_eq!(&state, &expected, "state after step {}: {:?}", n, op);
-    } else {
-        if alive.records {
-            prop_assert_eq!(
-                &state.records,
-                &expected.records,
-                "records after step {}: {:?}",
-                n,
-                op
-            );
-            prop_assert_eq!(
-                &state.expiry,
-                &expected.expiry,
-                "expiry after step {}: {:?}",
-                n,
-                op
-            );
-        }
-        if alive.index {
-            prop_assert_eq!(
-                &state.index,
-                &expected.index,
-                "index after step {}: {:?}",
-                n,
-                op
-            );
-        }
-        if alive.held {
-            prop_assert_eq!(
-                &state.held,
-                &expected.held,
-                "held after step {}: {:?}",
-                n,
-                op
-            );
-        }
+    // Every part, each while it must still be held.
+    if alive.records {
+        prop_assert_eq!(
+            &state.records,
+            &expected.records,
+            "records after step {}: {:?}",
+            n,
+            op
+        );
+        prop_assert_eq!(
+            &state.expiry,
+            &expected.expiry,
+            "expiry after step {}: {:?}",
+            n,
+            op
+        );
+    }
+    if alive.index {
+        prop_assert_eq!(
+            &state.index,
+            &expected.index,
+            "index after step {}: {:?}",
+            n,
+            op
+        );
+    }
+    if alive.held {
+        prop_assert_eq!(
+            &state.held,
+            &expected.held,
+            "held after step {}: {:?}",
+            n,
+            op
+        );
     }
     Ok(())
 }

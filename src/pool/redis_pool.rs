@@ -278,8 +278,9 @@ impl RedisPool {
 
     /// Makes sure the server has `scripts`: the function library (loaded
     /// when `FUNCTION LIST` lacks it), or, once Redis refused Functions or
-    /// when the library could not be loaded, each script (`SCRIPT LOAD`). A node a Cluster client did not ask is
-    /// covered by the load on `Function not found` (see [`Self::run`]).
+    /// when the library could not be loaded, each script (`SCRIPT LOAD`).
+    /// A node `FUNCTION LIST` did not ask (in a Cluster it goes to any
+    /// node) is covered by the load on `Function not found` ([`Self::run`]).
     pub(super) async fn load_scripts(
         &self,
         conn: &mut impl ScriptConnection,
@@ -599,21 +600,19 @@ impl RedisPool {
     /// FLUSH`, a Cluster node that never saw the library) is handled like
     /// `NOSCRIPT`: the library is loaded and the call sent again (it did
     /// not run). A refused load turns this adapter to `EVALSHA` for good;
-    /// a load that failed otherwise (in a Cluster it goes to every master)
-    /// runs this one call by `EVALSHA`.
+    /// a load that failed otherwise runs this one call by `EVALSHA`.
     async fn run<T: FromRedisValue>(
         &self,
         conn: &mut impl ScriptConnection,
         inv: &Invocation<'_>,
     ) -> Result<T, RedisError> {
-        if !self.functions_refused.load(Ordering::Relaxed) {
+        if self.uses_functions() {
             match inv.fcall_cmd().query_async(conn).await {
                 Err(e) if function_missing(&e) => {
                     match load_library(conn).await {
                         Ok(()) => return inv.fcall_cmd().query_async(conn).await,
                         Err(e) if functions_refused(&e) => self.refuse_functions(&e),
-                        // E.g. a Cluster master other than the pool's down:
-                        // this call runs by EVALSHA, the next tries again.
+                        // This call runs by EVALSHA, the next tries again.
                         Err(e) => library_not_loaded(&e),
                     }
                 }
