@@ -124,6 +124,50 @@ async fn http_bench_with_a_replica_answers_every_request() {
     }
 }
 
+/// `--compare-evalsha` runs each cell twice in a row, with the scripts as
+/// Functions and then by `EVALSHA`, and Redis counts each cell's calls
+/// under the command it was told: all `FCALL`, then all `EVALSHA`.
+#[tokio::test]
+async fn compare_evalsha_runs_each_cell_both_ways() {
+    let report = bench_report(&[
+        "--compare-evalsha",
+        "--counts",
+        "1,10",
+        "--concurrency",
+        "2",
+        "--max-requests",
+        "40",
+        "--seconds",
+        "0.2",
+        "--baseline-seconds",
+        "0.1",
+    ])
+    .await;
+    let cells = report["cells"].as_array().unwrap();
+    let ways: Vec<(u64, &str, f64)> = cells
+        .iter()
+        .map(|c| {
+            assert_eq!(c["failed"], 0, "{c}");
+            (
+                c["count"].as_u64().unwrap(),
+                c["scriptCalls"].as_str().unwrap(),
+                c["fcallShare"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ways,
+        [
+            (1, "fcall", 1.0),
+            (1, "evalsha", 0.0),
+            (10, "fcall", 1.0),
+            (10, "evalsha", 0.0)
+        ]
+    );
+    // Each way is related to its own unfiltered count=1 cell.
+    assert_eq!(cells[1]["vsUnfiltered"].as_f64(), Some(1.0));
+}
+
 /// An existing Redis is flushed only with explicit consent.
 #[tokio::test]
 async fn bench_refuses_to_flush_without_consent() {

@@ -426,8 +426,13 @@ pub struct BenchArgs {
     pub no_usage_counters: bool,
     /// Run the scripts by EVALSHA instead of as Redis Functions
     /// (PROXY_POOL_REDIS_FUNCTIONS=false), to measure what Functions save
-    #[arg(long)]
+    #[arg(long, conflicts_with = "compare_evalsha")]
     pub evalsha: bool,
+    /// Run every cell twice in a row on the same pool: scripts as Redis
+    /// Functions, then by EVALSHA (a `calls` column tells the rows apart):
+    /// each pair is measured seconds apart, on one pool
+    #[arg(long)]
+    pub compare_evalsha: bool,
     /// Clients in the Redis client registry (PROXY_POOL_CLIENT_REGISTRY=redis),
     /// loaded after each fill; every request presents one of their API keys,
     /// so identity includes the lookup (default 0: anonymous callers).

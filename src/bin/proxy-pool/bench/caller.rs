@@ -13,7 +13,8 @@ use lambda_http::http::StatusCode;
 use proxy_pool::distribution::{self, App};
 use proxy_pool::security::PeerAddr;
 
-/// Where requests go: one handler per `replica_acks` value of the plan.
+/// Where requests go: one handler per (`replica_acks`, `script_calls`)
+/// pair of the plan.
 #[derive(Clone)]
 pub(super) enum Front {
     /// Called in process, as the Lambda runtime calls it.

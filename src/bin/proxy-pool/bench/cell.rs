@@ -70,6 +70,8 @@ impl Ask {
 #[derive(Clone, Copy, Default)]
 struct ServerStats {
     script_calls: u64,
+    /// Of which by `FCALL`.
+    fcall_calls: u64,
     script_usec: u64,
     cpu_seconds: f64,
 }
@@ -109,15 +111,21 @@ impl Bench {
         let mut stats = ServerStats::default();
         // Script calls: `EVALSHA`, and `FCALL` (the extraction as a function).
         for line in info.lines() {
-            let Some(fields) = ["cmdstat_evalsha:", "cmdstat_fcall:"]
+            let Some((fcall, fields)) = [("cmdstat_evalsha:", false), ("cmdstat_fcall:", true)]
                 .iter()
-                .find_map(|prefix| line.strip_prefix(prefix))
+                .find_map(|&(prefix, fcall)| Some((fcall, line.strip_prefix(prefix)?)))
             else {
                 continue;
             };
             for part in fields.split(',') {
                 match part.split_once('=') {
-                    Some(("calls", v)) => stats.script_calls += v.parse().unwrap_or(0),
+                    Some(("calls", v)) => {
+                        let calls = v.parse().unwrap_or(0);
+                        stats.script_calls += calls;
+                        if fcall {
+                            stats.fcall_calls += calls;
+                        }
+                    }
                     Some(("usec", v)) => stats.script_usec += v.parse().unwrap_or(0),
                     _ => {}
                 }
@@ -210,7 +218,8 @@ impl Bench {
         let mut trivial = self.trivial(c, baseline).await?;
         let mut all = Round::default();
         let mut elapsed = Duration::ZERO;
-        let (mut calls, mut usec, mut redis_cpu, mut client_cpu) = (0u64, 0u64, 0.0f64, 0.0f64);
+        let (mut calls, mut fcalls, mut usec) = (0u64, 0u64, 0u64);
+        let (mut redis_cpu, mut client_cpu) = (0.0f64, 0.0f64);
         let mut cpu_known = true;
         let mut slow = Some(SlowCalls::default());
         if let Some(pinger) = &self.pinger {
@@ -239,6 +248,7 @@ impl Bench {
                 _ => None,
             };
             calls += after.script_calls.saturating_sub(before.script_calls);
+            fcalls += after.fcall_calls.saturating_sub(before.fcall_calls);
             usec += after.script_usec.saturating_sub(before.script_usec);
             redis_cpu += after.cpu_seconds - before.cpu_seconds;
             match (cpu_before, cpu_after) {
@@ -270,6 +280,8 @@ impl Bench {
             concurrency: c,
             replica_lag_ms: self.variant().lag_ms,
             replica_acks: self.variant().acks,
+            script_calls: self.variant().calls,
+            fcall_share: per_call(fcalls as f64),
             requests,
             proxies: all.proxies,
             seconds,

@@ -89,7 +89,7 @@ use cell::info_field;
 pub use filters::FilterSet;
 use pinger::Pinger;
 pub use plan::parse_size;
-use plan::{Plan, StallPlan};
+use plan::{Plan, ScriptCalls, StallPlan};
 use replicas::{RelayThread, Variant, start_replicas};
 use report::{Fill, Progress, Report, human, peak_rss_kib, relate, row};
 
@@ -154,7 +154,13 @@ pub async fn command(args: BenchArgs) -> CliResult {
         return Err("--replicas needs the bench's private Redis (no --redis-url)".into());
     }
     plan.usage_counters = !args.no_usage_counters;
-    plan.evalsha = args.evalsha;
+    plan.script_calls = if args.compare_evalsha {
+        vec![ScriptCalls::Fcall, ScriptCalls::Evalsha]
+    } else if args.evalsha {
+        vec![ScriptCalls::Evalsha]
+    } else {
+        vec![ScriptCalls::Fcall]
+    };
     plan.all_or_nothing = args.all_or_nothing;
     plan.pace = args.pace;
     plan.ping_every_ms = args.ping_every_ms.unwrap_or(plan.ping_every_ms);
@@ -268,7 +274,7 @@ pub enum Target {
 
 /// Everything a run shares.
 struct Bench {
-    /// Handlers, one per `replica_acks` value of the plan.
+    /// Handlers, one per (`replica_acks`, `script_calls`) pair of the plan.
     fronts: Vec<Front>,
     /// The HTTP servers of `--http` (stopped when the bench ends).
     servers: JoinSet<std::io::Result<()>>,
@@ -290,8 +296,9 @@ struct Bench {
 }
 
 impl Bench {
-    /// The handlers `plan` asks for (one per `replica_acks` value, in
-    /// process or behind `serve`'s server) on the Redis at `url`, and
+    /// The handlers `plan` asks for (one per `replica_acks` value and way
+    /// of calling the scripts, in process or behind `serve`'s server) on
+    /// the Redis at `url`, and
     /// Redis's version.
     async fn new(
         plan: &Plan,
@@ -309,10 +316,15 @@ impl Bench {
         }
         let mut fronts = Vec::new();
         let mut servers = JoinSet::new();
-        for &acks in &plan.replica_acks {
+        let variants = plan
+            .replica_acks
+            .iter()
+            .flat_map(|&acks| plan.script_calls.iter().map(move |&calls| (acks, calls)));
+        for (acks, calls) in variants {
             let options = RedisOptions {
                 replica_acks: acks,
                 replica_ack_timeout: config.replica_ack_timeout,
+                functions: calls == ScriptCalls::Fcall,
                 ..config.redis_options()
             };
             let pool = RedisPool::with_options(&url, &options)?;
@@ -424,21 +436,31 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
                 * plan.counts.len()
                 * plan.concurrency.len()
                 * plan.replica_lags_ms.len()
-                * plan.replica_acks.len();
+                * plan.replica_acks.len()
+                * plan.script_calls.len();
             bench.progress.start(
                 total as u64,
                 format!("N={}, {} combinations", human(n), shape.combinations()),
             );
             for &lag_ms in &plan.replica_lags_ms {
-                for (app, &acks) in plan.replica_acks.iter().enumerate() {
-                    bench.set_variant(Variant { lag_ms, acks, app });
+                for (a, &acks) in plan.replica_acks.iter().enumerate() {
                     for &filter in &plan.filters {
                         for &count in &plan.counts {
                             for &c in &plan.concurrency {
-                                let cell = bench.cell(&plan, n, filter, count, c).await?;
-                                bench.progress.note(row(&cell, plan.replicas > 0));
-                                bench.progress.inc(1);
-                                cells.push(cell);
+                                // The ways of calling the scripts back to back.
+                                for (s, &calls) in plan.script_calls.iter().enumerate() {
+                                    let app = a * plan.script_calls.len() + s;
+                                    bench.set_variant(Variant {
+                                        lag_ms,
+                                        acks,
+                                        calls,
+                                        app,
+                                    });
+                                    let cell = bench.cell(&plan, n, filter, count, c).await?;
+                                    bench.progress.note(row(&cell, &plan));
+                                    bench.progress.inc(1);
+                                    cells.push(cell);
+                                }
                             }
                         }
                     }
@@ -488,7 +510,8 @@ fn bench_config(plan: &Plan, url: &str) -> Result<Config, BenchError> {
         // checks must stay fresh for the whole run (and with --stall, the
         // fill's go stale together, see stall.rs).
         max_health_check_age: Duration::from_secs(3600),
-        redis_functions: !plan.evalsha,
+        // The fill's and the bench's own calls; each handler has its own.
+        redis_functions: plan.script_calls.first() != Some(&ScriptCalls::Evalsha),
         ..Config::default()
     })
 }

@@ -13,6 +13,27 @@ fn shapes_as_combinations<S: serde::Serializer>(
     s.collect_seq(shapes.iter().map(|shape| shape.combinations()))
 }
 
+/// How a handler calls the scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScriptCalls {
+    /// As functions of the loaded library (`PROXY_POOL_REDIS_FUNCTIONS=true`).
+    #[default]
+    Fcall,
+    /// By `EVALSHA` (`PROXY_POOL_REDIS_FUNCTIONS=false`).
+    Evalsha,
+}
+
+impl ScriptCalls {
+    /// `fcall` or `evalsha`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fcall => "fcall",
+            Self::Evalsha => "evalsha",
+        }
+    }
+}
+
 /// What to measure.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -45,8 +66,9 @@ pub struct Plan {
     pub replica_acks: Vec<u32>,
     /// Count each extraction in the hourly usage counters.
     pub usage_counters: bool,
-    /// Run the scripts by `EVALSHA` instead of as Redis Functions.
-    pub evalsha: bool,
+    /// How the handlers call the scripts: each cell runs once per entry,
+    /// back to back on the same pool (default: as Functions only).
+    pub script_calls: Vec<ScriptCalls>,
     /// Clients in the Redis client registry; requests present their API
     /// keys (0: anonymous callers, no registry).
     pub registry_clients: usize,
@@ -134,7 +156,7 @@ impl Plan {
             replica_lags_ms: vec![0.0],
             replica_acks: vec![0],
             usage_counters: true,
-            evalsha: false,
+            script_calls: vec![ScriptCalls::Fcall],
             registry_clients: 0,
             http: false,
             all_or_nothing: false,

@@ -8,15 +8,18 @@ use std::time::{Duration, Instant};
 use proxy_pool::local::{RedisServer, Relay, replicas_acknowledge};
 
 use super::caller::Front;
+use super::plan::ScriptCalls;
 use super::{Bench, BenchError};
 
-/// The replication setting the current cells run under.
+/// The replication setting and handler the current cells run under.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Variant {
     /// Replication delay of every relay, ms.
     pub(super) lag_ms: f64,
     /// `PROXY_POOL_REPLICA_ACKS` of the handler used.
     pub(super) acks: u32,
+    /// How that handler calls the scripts.
+    pub(super) calls: ScriptCalls,
     /// Index of that handler in [`Bench`]'s fronts.
     pub(super) app: usize,
 }

@@ -10,7 +10,7 @@ use proxy_pool::local::PoolShape;
 use serde::Serialize;
 
 use super::filters::FilterShape;
-use super::plan::Plan;
+use super::plan::{Plan, ScriptCalls};
 
 /// Serialises a pool shape as its number of combinations.
 fn shape_as_combinations<S: serde::Serializer>(shape: &PoolShape, s: S) -> Result<S::Ok, S::Error> {
@@ -38,6 +38,11 @@ pub struct Cell {
     pub replica_lag_ms: f64,
     /// Replicas each extraction waited for.
     pub replica_acks: u32,
+    /// How the handler called the scripts.
+    pub script_calls: ScriptCalls,
+    /// Share of the timed rounds' script calls Redis counted as `FCALL`
+    /// (the rest as `EVALSHA`): 1 as Functions, 0 by `EVALSHA`.
+    pub fcall_share: Option<f64>,
     /// Timed requests.
     pub requests: usize,
     /// Proxies handed out by them.
@@ -98,30 +103,33 @@ pub struct Cell {
 }
 
 /// Fills in each cell's cost against the unfiltered count=1 cell of the
-/// same pool, C and replication variant.
+/// same pool, C, replication variant and way of calling the scripts.
 pub(super) fn relate(cells: &mut [Cell]) {
-    let bases: Vec<(usize, PoolShape, usize, f64, u32, f64)> = cells
+    let same = |a: &Cell, b: &Cell| {
+        (
+            a.pool,
+            a.combinations,
+            a.concurrency,
+            a.replica_acks,
+            a.script_calls,
+        ) == (
+            b.pool,
+            b.combinations,
+            b.concurrency,
+            b.replica_acks,
+            b.script_calls,
+        ) && a.replica_lag_ms == b.replica_lag_ms
+    };
+    let bases: Vec<Cell> = cells
         .iter()
         .filter(|c| c.filter == FilterShape::None && c.count == 1)
-        .filter_map(|c| {
-            Some((
-                c.pool,
-                c.combinations,
-                c.concurrency,
-                c.replica_lag_ms,
-                c.replica_acks,
-                c.server_us_per_call?,
-            ))
-        })
+        .cloned()
         .collect();
     for c in cells.iter_mut() {
         c.vs_unfiltered = bases
             .iter()
-            .find(|b| {
-                (b.0, b.1, b.2, b.4) == (c.pool, c.combinations, c.concurrency, c.replica_acks)
-                    && b.3 == c.replica_lag_ms
-            })
-            .and_then(|b| Some(c.server_us_per_call? / b.5.max(1e-9)));
+            .find(|b| same(b, c))
+            .and_then(|b| Some(c.server_us_per_call? / b.server_us_per_call?.max(1e-9)));
     }
 }
 
@@ -248,8 +256,8 @@ pub fn human(n: usize) -> String {
 const HEADER: &str = "       N   comb  filter             count    C     ext/s  proxies/s   p50 us   p99 us  trivial/s  ratio  srv us/call  triv srv us  cli us/req  x none  slowest us  >5ms  ping max us  ping p99 us  busy  statuses";
 
 /// One cell as a line of the table (with the lag and acks columns when
-/// the run has replicas).
-pub(super) fn row(c: &Cell, replicated: bool) -> String {
+/// the run has replicas, and how the scripts were called when it compares).
+pub(super) fn row(c: &Cell, plan: &Plan) -> String {
     let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
     let mark = if c.pool_at_round_start > c.pool {
         "*"
@@ -286,8 +294,11 @@ pub(super) fn row(c: &Cell, replicated: bool) -> String {
         c.redis_busy * 100.0,
         status_mix(&c.statuses),
     );
-    if replicated {
+    if plan.replicas > 0 {
         let _ = write!(line, " {:>7.1} {:>4}", c.replica_lag_ms, c.replica_acks);
+    }
+    if plan.script_calls.len() > 1 {
+        let _ = write!(line, " {:>7}", c.script_calls.name());
     }
     if c.short + c.failed > 0 {
         let _ = write!(line, "  ({} short, {} failed)", c.short, c.failed);
@@ -304,10 +315,10 @@ impl Report {
             "proxy-pool bench: redis {} on {} CPUs, {}, {}, {}, {}, {}, {}",
             self.redis_version,
             self.cpus,
-            if self.plan.evalsha {
-                "scripts by EVALSHA"
-            } else {
-                "scripts as Functions"
+            match self.plan.script_calls[..] {
+                [ScriptCalls::Evalsha] => "scripts by EVALSHA",
+                [ScriptCalls::Fcall] => "scripts as Functions",
+                _ => "each cell with the scripts as Functions, then by EVALSHA",
             },
             if self.plan.http {
                 "over HTTP through serve's server"
@@ -353,11 +364,16 @@ impl Report {
         let replicated = self.plan.replicas > 0;
         let _ = writeln!(
             out,
-            "{HEADER}{}",
-            if replicated { "  lag ms acks" } else { "" }
+            "{HEADER}{}{}",
+            if replicated { "  lag ms acks" } else { "" },
+            if self.plan.script_calls.len() > 1 {
+                "    calls"
+            } else {
+                ""
+            }
         );
         for c in &self.cells {
-            let _ = writeln!(out, "{}", row(c, replicated));
+            let _ = writeln!(out, "{}", row(c, &self.plan));
         }
         if replicated {
             let _ = writeln!(
