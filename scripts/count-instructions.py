@@ -17,7 +17,9 @@ to the trivial call.
 Usage: python3 scripts/count-instructions.py [SIZE] [COMBINATIONS] [CALLS]
   SIZE defaults to 1M, COMBINATIONS to 18, CALLS to 100;
   the binary is $CARGO_TARGET_DIR (or target)/release/proxy-pool.
-Needs valgrind, redis-server, redis-cli.
+Needs valgrind, redis-server, redis-cli. With KEEP=1 the callgrind dumps
+are kept (one per case, in order; each names its case on its `desc: Trigger`
+line) for `callgrind_annotate --inclusive=yes`.
 """
 
 import glob
@@ -167,7 +169,10 @@ def main():
         for proc in procs:
             proc.terminate()
             proc.wait()
-        subprocess.run(["rm", "-rf", workdir], check=False)
+        if os.environ.get("KEEP") == "1":
+            print(f"callgrind dumps kept in {workdir}")
+        else:
+            subprocess.run(["rm", "-rf", workdir], check=False)
 
 
 if __name__ == "__main__":
