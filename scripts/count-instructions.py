@@ -17,13 +17,30 @@ to the trivial call.
 Usage: python3 scripts/count-instructions.py [SIZE] [COMBINATIONS] [CALLS]
   SIZE defaults to 1M, COMBINATIONS to 18, CALLS to 100;
   the binary is $CARGO_TARGET_DIR (or target)/release/proxy-pool.
-Needs valgrind, redis-server, redis-cli. With KEEP=1 the callgrind dumps
+Needs valgrind, redis-server (or $REDIS_SERVER), redis-cli. With KEEP=1 the callgrind dumps
 are kept (one per case, in order; each names its case on its `desc: Trigger`
 line) for `callgrind_annotate --inclusive=yes`.
+
+With AREAS=1 each FCALL case is also split by where its instructions go
+(the Lua VM, strings, patterns, the collector, allocation, cjson, Redis's
+commands, ...), by the source file of each function callgrind_annotate
+names: meaningful with a redis-server built with its symbols, named by
+REDIS_SERVER (Debian's has none for Lua; Redis's own source, e.g. from
+`apt-get source redis`, built with `make CFLAGS=-g`).
+
+With PHASES=1 it then profiles the FCALL by phase: a copy of lua/extract.lua
+with an `ECHO` marker at the end of each phase is loaded as a library of its
+own, and callgrind dumps its counters as each marker's command starts
+(`--dump-before=echoCommand`), so each dump holds one phase of one call.
+Every phase is given less one marker's own cost (the phase "marker": two
+markers in a row), in all instructions and in those of the Redis commands
+the phase ran (callgrind_annotate's inclusive `scriptCall`), per call (the
+mean over the calls after the first, and the median).
 """
 
 import glob
 import http.client
+import statistics
 import json
 import os
 import re
@@ -36,6 +53,9 @@ import time
 SIZE = sys.argv[1] if len(sys.argv) > 1 else "1M"
 COMBINATIONS = sys.argv[2] if len(sys.argv) > 2 else "18"
 CALLS = int(sys.argv[3]) if len(sys.argv) > 3 else 100
+# Another build of redis-server (one with its symbols, for callgrind_annotate
+# to name the Lua VM's and cjson's functions) may be named by REDIS_SERVER.
+REDIS_SERVER = os.environ.get("REDIS_SERVER", "redis-server")
 BINARY = os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release", "proxy-pool")
 ENV = dict(
     os.environ,
@@ -83,7 +103,7 @@ def wait_for(what, ready, seconds):
 
 
 def start_redis(port, workdir, prefix=()):
-    args = [*prefix, "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+    args = [*prefix, REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1",
             "--dir", workdir, "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for("redis-server", lambda: cli(port, "PING") == "PONG", 900)
@@ -99,18 +119,181 @@ def ready(http_port):
         return False
 
 
-def counted(workdir, pid, name, run):
-    """Instructions callgrind counts while `run()` runs."""
-    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
-    run()
-    subprocess.run(["callgrind_control", "-d", name, str(pid)], check=True, capture_output=True)
-    newest = max(glob.glob(os.path.join(workdir, "callgrind.out.*")), key=os.path.getmtime)
-    with open(newest) as f:
+# The probe's markers: (the phase a marker ends, the text it goes before in
+# lua/extract.lua; None: at the top of the function). Each text occurs once.
+MARKERS = [
+    ("entered", None),
+    ("marker", None),
+    ("keys bound, pool policy read (GET)", "local ok_req, req = pcall(cjson.decode"),
+    ("request decoded and checked", "local now, now_text = clock()\n"),
+    ("clock (TIME), helpers, idempotency", "-- 1. The plan.\n"),
+    ("plan", "work = work + #slices\nlocal fam_key"),
+    ("count (with a reserve)", "-- 3. The walk:"),
+    ("walk: pages, deadlines, records, checks", "-- The writes of every answer below"),
+    ("fulfillment, writes planned, answer built", "local refused = commit(writes, known)\n"),
+    ("writes: counts, key types, removals, tombstone, ranges",
+     "local units = charge()\ncount_usage('ok'"),
+    ("charge, usage", "return {'ok', result, tostring(units)}"),
+]
+PHASE_CASES = [
+    ("count=1, no such region", {"count": 1, "filters": {"regions": ["nowhere"]}}),
+    ("count=1, unfiltered", {"count": 1}),
+    ("count=1, one region", {"count": 1, "filters": {"regions": [REGION]}}),
+    ("count=100, unfiltered", {"count": 100}),
+]
+POOL_KEYS = ["proxies", "state", "expiry", "held", "ix:pool", "ix:region", "ix:kind", "ix:atom",
+             "ix:live", "ix:dregion", "ix:dkind", "ix:datom", "ix:hint", "ix:atoms", "ix:vp",
+             "ix:vr", "ix:vc", "ix:vu", "ix:kinds", "policy"]
+
+
+def probe_library():
+    """lua/extract.lua with its markers, as a library of its own (its code
+    built as src/pool/scripts.rs builds the real one)."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lua")
+    with open(os.path.join(root, "prelude.lua")) as f:
+        prelude = f.read()
+    with open(os.path.join(root, "extract.lua")) as f:
+        body = f.read().split("\n", 1)[1]
+    top = ""
+    for i, (_, anchor) in enumerate(MARKERS):
+        marker = f"redis.call('ECHO', 'phase {i}')\n"
+        if anchor is None:
+            top += marker
+        elif body.count(anchor) != 1:
+            sys.exit(f"count-instructions: lua/extract.lua has {body.count(anchor)} of {anchor!r}")
+        else:
+            body = body.replace(anchor, marker + anchor)
+    return (f"#!lua name=phase_probe\n{prelude}\nlocal function run_extract(KEYS, ARGV)\n"
+            f"bind_keys(KEYS)\n{top}{body}\nend\n"
+            "redis.register_function{function_name = 'phase_probe_extract', callback = run_extract}\n")
+
+
+def dumps(workdir):
+    """The callgrind dumps so far (callgrind.out.<pid>.<number>), in the
+    order they were made."""
+    numbered = {}
+    for path in glob.glob(os.path.join(workdir, "callgrind.out.*.*")):
+        m = re.search(r"\.(\d+)$", path)
+        if m:
+            numbered[int(m.group(1))] = path
+    return [numbered[n] for n in sorted(numbered)]
+
+
+def total_of(path):
+    """All instructions in a dump."""
+    with open(path) as f:
         for line in f:
             m = re.match(r"(?:summary|totals): (\d+)", line)
             if m:
                 return int(m.group(1))
-    sys.exit(f"count-instructions: no totals in {newest}")
+    sys.exit(f"count-instructions: no totals in {path}")
+
+
+def annotate(path, *options):
+    """callgrind_annotate's function list of a dump: (instructions, function) pairs."""
+    out = subprocess.run(["callgrind_annotate", "--auto=no", "--threshold=100", *options, path],
+                         capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d,]+) \([\s\d.]+%\)\s+(\S.*)$", line)
+        if m and "PROGRAM TOTALS" not in line:
+            rows.append((int(m.group(1).replace(",", "")), m.group(2)))
+    return rows
+
+
+def costs(path):
+    """All instructions in a dump, and those under scriptCall (the commands
+    a script runs, from the ACL check to the reply it gets)."""
+    commands = sum(n for n, name in annotate(path, "--inclusive=yes")
+                   if re.search(r":scriptCall\b", name))
+    return total_of(path), commands
+
+
+# Where a call's instructions go, by the source file of the function that
+# ran them (callgrind_annotate's exclusive costs): the first area whose
+# pattern matches. Needs a redis-server with its symbols (REDIS_SERVER):
+# Debian's names only Redis's exported functions.
+AREAS = [
+    ("Lua VM: bytecode, calls, tables", r"/lua/src/l(vm|do|table|api|func|tm|object|debug|state)\.c"),
+    ("Lua strings: made and interned", r"/lua/src/lstring\.c"),
+    ("Lua string library: match, find, sub, format", r"/lua/src/lstrlib\.c|ctype"),
+    ("Lua garbage collector", r"/lua/src/lgc\.c"),
+    ("memory allocation", r"jemalloc|/lua/src/(lmem|lauxlib)\.c|zmalloc|memset"),
+    ("cjson and the numbers it parses and prints",
+     r"lua_cjson|strbuf|fpconv|strtod|str_to_mpn|round_and_return|printf|_itoa|_IO_|sprintf"),
+    ("Redis commands and their data structures",
+     r"/src/(t_\w+|dict|sds|siphash|listpack|ziplist|object|db|server|acl|notify|expire|"
+     r"quicklist|intset|rax|util|latency|slowlog)\.[ch]"),
+    ("Redis script glue: arguments and replies", r"/src/(script_lua|script|function_lua|functions|eval|resp_parser)\.c"),
+    ("Redis networking and event loop", r"/src/(networking|ae|ae_epoll|anet|connection|socket|monotonic)\.c"),
+    ("libc memory and string routines", r"mem(cmp|cpy|move|chr)|str(len|chr|cmp)"),
+]
+
+
+def print_areas(path, calls):
+    sums = dict.fromkeys([a for a, _ in AREAS] + ["other"], 0)
+    for n, name in annotate(path):
+        area = next((a for a, pattern in AREAS if re.search(pattern, name)), "other")
+        sums[area] += n
+    total = total_of(path)
+    for area, n in sums.items():
+        print(f"    {area:<48} {n / calls:>12,.0f} {100 * n / total:>5.1f}%")
+
+
+def phases(port, pid, workdir, calls):
+    """Prints the phase profile of each PHASE_CASES case."""
+    policy = cli(port, "GET", "{pp}:policy")
+    subprocess.run(["redis-cli", "-p", str(port), "-x", "FUNCTION", "LOAD", "REPLACE"],
+                   input=probe_library(), capture_output=True, text=True, check=True)
+    keys = " ".join(f"{{pp}}:{k}" for k in POOL_KEYS)
+    print(f"\nFCALL by phase ({calls} calls a case, a call after the first: mean, and median; "
+          "each phase less one marker; 'commands': its Redis commands, scriptCall inclusive)")
+    for name, body in PHASE_CASES:
+        request = dict(body, fulfillment="partial", reserve=0, requestId="phase-probe")
+        line = (f"FCALL phase_probe_extract {len(POOL_KEYS)} {keys} '{policy}' "
+                f"'{json.dumps(request)}'\n")
+        seen = set(dumps(workdir))
+        replies = subprocess.run(["redis-cli", "-p", str(port)], input=line * calls,
+                                 capture_output=True, text=True, check=True).stdout
+        if replies.count("ok\n") != calls:
+            sys.exit(f"count-instructions: the probe did not answer ok {calls} times: {replies[:300]}")
+        subprocess.run(["callgrind_control", "-d", "phases-end", str(pid)], check=True,
+                       capture_output=True)
+        new = [costs(p) for p in dumps(workdir) if p not in seen]
+        # new: calls x markers, then the last call's tail (left out: it holds the
+        # connection's end)
+        n = len(MARKERS)
+        if len(new) != calls * n + 1:
+            sys.exit(f"count-instructions: {len(new)} dumps for {calls} calls of {n} markers")
+        # Segment k of call i ends at its marker k; the tail of call i is the
+        # "entered" dump of call i + 1.
+        per = {k: [new[i * n + k] for i in range(1, calls - 1)] for k in range(1, n)}
+        per[0] = [new[(i + 1) * n] for i in range(1, calls - 1)]
+        # Means: a call's Lua garbage collection falls in whichever phase
+        # allocates past the collector's threshold (the medians leave it out).
+        mean = {k: (statistics.mean(t for t, _ in v), statistics.mean(c for _, c in v),
+                    statistics.median(t for t, _ in v)) for k, v in per.items()}
+        mark_all, mark_cmd, mark_med = mean[1]
+        print(f"\n{name}")
+        print(f"  {'phase':<56} {'instructions':>13} {'commands':>10} {'median':>10}")
+        total = 0
+        for k in list(range(2, n)) + [0]:
+            all_, cmd, med = mean[k]
+            label = MARKERS[k][0] if k else "answer returned, reply, next call read and entered"
+            print(f"  {label:<56} {all_ - mark_all:>13,.0f} {max(0, cmd - mark_cmd):>10,.0f} "
+                  f"{med - mark_med:>10,.0f}")
+            total += all_ - mark_all
+        print(f"  {'the call':<56} {total:>13,.0f}")
+        print(f"  ({'one marker':<54} {mark_all:>13,.0f} {mark_cmd:>10,.0f} {mark_med:>10,.0f})")
+
+
+def counted(workdir, pid, name, run):
+    """Instructions callgrind counts while `run()` runs, and their dump."""
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+    run()
+    subprocess.run(["callgrind_control", "-d", name, str(pid)], check=True, capture_output=True)
+    path = dumps(workdir)[-1]
+    return total_of(path), path
 
 
 def main():
@@ -130,7 +313,7 @@ def main():
 
         port = free_port()
         grind = start_redis(port, workdir, prefix=(
-            "valgrind", "--tool=callgrind", "--instr-atstart=no",
+            "valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-before=echoCommand",
             f"--callgrind-out-file={workdir}/callgrind.out.%p"))
         procs.append(grind)
         servers = {}
@@ -157,7 +340,7 @@ def main():
         sha = cli(port, "SCRIPT", "LOAD", "return 1")
         cli(port, "-r", "10", "EVALSHA", sha, "0")
         trivial = counted(workdir, grind.pid, "trivial", lambda: cli(
-            port, "-r", str(CALLS), "EVALSHA", sha, "0")) / CALLS
+            port, "-r", str(CALLS), "EVALSHA", sha, "0"))[0] / CALLS
         print(f"pool {SIZE} over {COMBINATIONS} combinations, {CALLS} calls a case "
               f"(callgrind, the whole redis-server: read, run, reply)")
         print(f"{'case':<24} {'by':<8} {'instructions/call':>18} {'x trivial':>10}")
@@ -166,9 +349,14 @@ def main():
             for way, conn in servers.items():
                 for _ in range(5):
                     extract(conn, body, returned)  # warm: the pool's hints, the connection
-                per_call = counted(workdir, grind.pid, f"{way}-{name}".replace(" ", ""),
-                                   lambda: [extract(conn, body, returned) for _ in range(CALLS)]) / CALLS
+                total, path = counted(workdir, grind.pid, f"{way}-{name}".replace(" ", ""),
+                                      lambda: [extract(conn, body, returned) for _ in range(CALLS)])
+                per_call = total / CALLS
                 print(f"{name:<24} {way:<8} {per_call:>18,.0f} {per_call / trivial:>10.1f}")
+                if os.environ.get("AREAS") == "1" and way == "FCALL":
+                    print_areas(path, CALLS)
+        if os.environ.get("PHASES") == "1":
+            phases(port, grind.pid, workdir, max(3, min(CALLS, 20)))
     finally:
         for proc in procs:
             proc.terminate()
