@@ -503,9 +503,11 @@ local exhausted, hints_behind = false, false
 -- fetched when the first of them is examined.
 local function load_records(cur)
   local ids, at = {}, {}
-  for i, member in ipairs(cur.members) do
-    if cur.ds[i] and tonumber(cur.ds[i]) > now then
-      ids[#ids + 1] = string.sub(key_of(cur, member), 15)
+  local members, ds = cur.members, cur.ds
+  for i = 1, #members do
+    local d = ds[i]
+    if d and tonumber(d) > now then
+      ids[#ids + 1] = string.sub(key_of(cur, members[i]), 15)
       at[i] = #ids
     end
   end

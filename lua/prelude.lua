@@ -97,11 +97,12 @@ local POOL_KEYS = {
   'policy',        -- STRING "<A ms>|<m ms>"
 }
 local function bind_keys(keys)
-  for i, name in ipairs(POOL_KEYS) do K[name] = keys[i] end
+  for i = 1, #POOL_KEYS do K[POOL_KEYS[i]] = keys[i] end
 end
 local POOL_KEY_COUNT = #POOL_KEYS
 local FAMILIES = {'pool', 'region', 'kind', 'atom'}
 local DFAMILY = {region = 'dregion', kind = 'dkind', atom = 'datom'}
+local DKEYS = {'dregion', 'dkind', 'datom'}   -- (their order in members_of's slices)
 
 -- Largest `count` an extraction may ask for, and the most arguments any one
 -- command is sent (Lua's unpack limit is ~8000).
@@ -324,11 +325,24 @@ local function member_in(family, p, r, c, u, e, id)
   return slice .. key, slice
 end
 
+-- All of an entry's members at once, as member_in builds them: in the
+-- pool, region, kind and atom families, then its kind and atom slices
+-- (the prefixes of its deadline-family members, with "<r>|").
+local function members_of(p, r, c, u, e, id)
+  local key = e .. '|' .. id
+  local kind = p .. '|' .. c .. '|' .. u .. '|'
+  local atom = p .. '|' .. r .. '|' .. c .. '|' .. u .. '|'
+  return key .. '\t' .. p .. '|' .. r .. '|' .. c .. '|' .. u,
+    r .. '|' .. key .. '\t' .. p .. '|' .. c .. '|' .. u, kind .. key .. '\t' .. r, atom .. key, kind, atom
+end
+
 -- The locator a member of expiry family `family` stands for (nil if it is not one).
+-- (Each part as the locator has it, the expiry 13 digits: what matches is
+-- a locator's parts, so the locator built from them needs no second check.)
 local MEMBER = {
-  pool = '^(%d+)|([^|%c]+)\t([^|]*)|([^|]*)|([^|]*)|([^|]*)$',
-  region = '^([^|]*)|(%d+)|([^|%c]+)\t([^|]*)|([^|]*)|([^|]*)$',
-  kind = '^([^|]*)|([^|]*)|([^|]*)|(%d+)|([^|%c]+)\t([^|]*)$',
+  pool = '^(%d%d%d%d%d%d%d%d%d%d%d%d%d)|([^|%c]+)\t([^|]*)|([^|]*)|([^|]*)|([^|]*)$',
+  region = '^([^|]*)|(%d%d%d%d%d%d%d%d%d%d%d%d%d)|([^|%c]+)\t([^|]*)|([^|]*)|([^|]*)$',
+  kind = '^([^|]*)|([^|]*)|([^|]*)|(%d%d%d%d%d%d%d%d%d%d%d%d%d)|([^|%c]+)\t([^|]*)$',
 }
 local function locator_from(family, member)
   if family == 'atom' then
@@ -340,7 +354,7 @@ local function locator_from(family, member)
   if family == 'pool' then loc = c .. '|' .. d .. '|' .. e .. '|' .. f .. '|' .. a .. '|' .. b
   elseif family == 'region' then loc = d .. '|' .. a .. '|' .. e .. '|' .. f .. '|' .. b .. '|' .. c
   else loc = a .. '|' .. f .. '|' .. b .. '|' .. c .. '|' .. d .. '|' .. e end
-  return split_locator(loc) and loc or nil
+  return loc
 end
 
 -- Writes, collected while reading and applied at the end in chunks, so a
@@ -371,8 +385,8 @@ local function push(writes, op, key, a, b)
   if b ~= nil then list[#list + 1] = b end
 end
 
-local function count_atom(writes, p, r, c, u, delta)
-  local atom = p .. '|' .. r .. '|' .. c .. '|' .. u .. '|'
+-- `atom`: the combination's slice "<p>|<r>|<c>|<u>|".
+local function count_atom(writes, atom, delta)
   local n = writes.atoms[atom]
   if n == nil then writes.atom_order[#writes.atom_order + 1] = atom end
   writes.atoms[atom] = (n or 0) + delta
@@ -382,35 +396,36 @@ end
 -- index. `skip` names an expiry family whose member the caller removes
 -- itself (by a range). Removing an absent member is a no-op.
 local function unindex_parts(writes, p, r, c, u, e, id, d13, skip)
-  for _, family in ipairs(FAMILIES) do
-    if family ~= skip then push(writes, 'zrem', K[family], (member_in(family, p, r, c, u, e, id))) end
-  end
-  push(writes, 'zrem', K.live, (member_in('pool', p, r, c, u, e, id)))
+  local pool, region, kind, atom, kind_slice, atom_slice = members_of(p, r, c, u, e, id)
+  if skip ~= 'pool' then push(writes, 'zrem', K.pool, pool) end
+  if skip ~= 'region' then push(writes, 'zrem', K.region, region) end
+  if skip ~= 'kind' then push(writes, 'zrem', K.kind, kind) end
+  if skip ~= 'atom' then push(writes, 'zrem', K.atom, atom) end
+  push(writes, 'zrem', K.live, pool)
   local tail = d13 .. '|' .. e .. '|' .. id
-  for family, dkey in pairs(DFAMILY) do
-    push(writes, 'zrem', K[dkey], slice_of(family, p, r, c, u) .. tail)
-  end
-  count_atom(writes, p, r, c, u, -1)
+  push(writes, 'zrem', K.dregion, r .. '|' .. tail)
+  push(writes, 'zrem', K.dkind, kind_slice .. tail)
+  push(writes, 'zrem', K.datom, atom_slice .. tail)
+  count_atom(writes, atom_slice, -1)
 end
 
 -- Puts a record into the index with deadline `d`; `was` is the D13 of the
 -- members its locator `loc` already has (nil if none): those move.
 local function index_parts(writes, p, r, c, u, e, id, d, was)
-  local member
-  for _, family in ipairs(FAMILIES) do
-    local m = member_in(family, p, r, c, u, e, id)
-    if family == 'pool' then member = m end
-    push(writes, 'zadd', K[family], '0', m)
-  end
+  local pool, region, kind, atom, kind_slice, atom_slice = members_of(p, r, c, u, e, id)
+  push(writes, 'zadd', K.pool, '0', pool)
+  push(writes, 'zadd', K.region, '0', region)
+  push(writes, 'zadd', K.kind, '0', kind)
+  push(writes, 'zadd', K.atom, '0', atom)
   local d13 = pad13(d)
-  push(writes, 'zadd', K.live, d13, member)
-  local tail = d13 .. '|' .. e .. '|' .. id
-  for family, dkey in pairs(DFAMILY) do
-    local slice = slice_of(family, p, r, c, u)
-    if was and was ~= d13 then push(writes, 'zrem', K[dkey], slice .. was .. '|' .. e .. '|' .. id) end
-    push(writes, 'zadd', K[dkey], '0', slice .. tail)
+  push(writes, 'zadd', K.live, d13, pool)
+  local key = '|' .. e .. '|' .. id
+  for i, slice in ipairs({r .. '|', kind_slice, atom_slice}) do
+    local dkey = K[DKEYS[i]]
+    if was and was ~= d13 then push(writes, 'zrem', dkey, slice .. was .. key) end
+    push(writes, 'zadd', dkey, '0', slice .. d13 .. key)
   end
-  if not was then count_atom(writes, p, r, c, u, 1) end
+  if not was then count_atom(writes, atom_slice, 1) end
 end
 
 -- A hint above an entry indexed now comes down to it, so extraction keeps
