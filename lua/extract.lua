@@ -628,8 +628,9 @@ local function plan_cleanup()
         local p, r, c, u, ex, id
         if loc then p, r, c, u, ex, id = split_locator(loc) end
         if p then
-          for _, f in ipairs(FAMILIES) do
-            if f ~= family then push(writes, 'zrem', K[f], (member_in(f, p, r, c, u, ex, id))) end
+          local members = {members_of(p, r, c, u, ex, id)}
+          for i, f in ipairs(FAMILIES) do
+            if f ~= family then push(writes, 'zrem', K[f], members[i]) end
           end
         end
       end

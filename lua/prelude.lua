@@ -312,28 +312,19 @@ local function slice_of(family, p, r, c, u)
   return p .. '|' .. r .. '|' .. c .. '|' .. u .. '|'
 end
 
--- The member of expiry family `family` for a split locator, and its slice.
-local function member_in(family, p, r, c, u, e, id)
-  local key = e .. '|' .. id
-  if family == 'pool' then return key .. '\t' .. p .. '|' .. r .. '|' .. c .. '|' .. u, '' end
-  if family == 'region' then return r .. '|' .. key .. '\t' .. p .. '|' .. c .. '|' .. u, r .. '|' end
-  if family == 'kind' then
-    local slice = p .. '|' .. c .. '|' .. u .. '|'
-    return slice .. key .. '\t' .. r, slice
-  end
-  local slice = p .. '|' .. r .. '|' .. c .. '|' .. u .. '|'
-  return slice .. key, slice
+-- An entry's member in the pool family (and in `live`), for a split locator.
+local function pool_member(p, r, c, u, e, id)
+  return e .. '|' .. id .. '\t' .. p .. '|' .. r .. '|' .. c .. '|' .. u
 end
 
--- All of an entry's members at once, as member_in builds them: in the
--- pool, region, kind and atom families, then its kind and atom slices
--- (the prefixes of its deadline-family members, with "<r>|").
+-- An entry's members in the four expiry families, in FAMILIES order (pool,
+-- region, kind, atom), then its kind and atom slices (with "<r>|", the
+-- prefixes of its deadline-family members), all built once.
 local function members_of(p, r, c, u, e, id)
   local key = e .. '|' .. id
-  local kind = p .. '|' .. c .. '|' .. u .. '|'
-  local atom = p .. '|' .. r .. '|' .. c .. '|' .. u .. '|'
-  return key .. '\t' .. p .. '|' .. r .. '|' .. c .. '|' .. u,
-    r .. '|' .. key .. '\t' .. p .. '|' .. c .. '|' .. u, kind .. key .. '\t' .. r, atom .. key, kind, atom
+  local kind, atom = slice_of('kind', p, r, c, u), slice_of('atom', p, r, c, u)
+  return pool_member(p, r, c, u, e, id), r .. '|' .. key .. '\t' .. p .. '|' .. c .. '|' .. u,
+    kind .. key .. '\t' .. r, atom .. key, kind, atom
 end
 
 -- The locator a member of expiry family `family` stands for (nil if it is not one).
@@ -455,7 +446,7 @@ end
 -- The member of `live` for a locator: its member in the pool family.
 local function live_member(loc)
   local p, r, c, u, e, id = split_locator(loc)
-  return p and member_in('pool', p, r, c, u, e, id) or ''
+  return p and pool_member(p, r, c, u, e, id) or ''
 end
 
 -- The D (13 digits) the index holds `loc` at, or nil when it is not indexed.

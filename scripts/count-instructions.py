@@ -25,8 +25,8 @@ With AREAS=1 each FCALL case is also split by where its instructions go
 (the Lua VM, strings, patterns, the collector, allocation, cjson, Redis's
 commands, ...), by the source file of each function callgrind_annotate
 names: meaningful with a redis-server built with its symbols, named by
-REDIS_SERVER (Debian's has none for Lua; Redis's own source, e.g. from
-`apt-get source redis`, built with `make CFLAGS=-g`).
+REDIS_SERVER (Debian's has none for Lua; docs/performance.md, "Inside the
+Lua", gives the build from `apt-get source redis`).
 
 With PHASES=1 it then profiles the FCALL by phase: a copy of lua/extract.lua
 with an `ECHO` marker at the end of each phase is loaded as a library of its
@@ -40,11 +40,11 @@ mean over the calls after the first, and the median).
 
 import glob
 import http.client
-import statistics
 import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
