@@ -1,126 +1,157 @@
 #!lua
--- contract.lua: the pool's health and Worker-ownership operations, one
--- atomic operation per call. Extraction (extract.lua) and these operations
--- exclude each other by construction: a proxy is in the index only while no
--- Worker holds it, a claim takes it out of the index in the same call that
--- checks it, and extraction re-checks the record it takes.
+-- contract.lua: the pool's health and Worker-ownership operations, many per
+-- call, each applied as if it were a call of its own, all in one atomic
+-- call. Extraction (extract.lua) and these operations exclude each other by
+-- construction: a proxy is in the index only while no Worker holds it, a
+-- claim takes it out of the index in the same call that checks it, and
+-- extraction re-checks the record it takes.
 --
--- KEYS[1..20]: the pool keys (prelude.lua)
+-- KEYS[1..7]: the pool keys (prelude/base.lua)
 -- ARGV[1]: the caller's pool policy "<maxHealthCheckAge ms>|<minRemainingTTL ms>"
--- ARGV[2]: operation, ARGV[3]: proxy id, then per operation:
---   health   ARGV[4] "1" passed / "0" failed, ARGV[5] checkedAt ms ("" = now)
+-- ARGV[2..]: operations, six arguments each: name, proxy id, then its own
+--   (unused ones ""):
+--   health   "1" passed / "0" failed, checkedAt ms ("" = now)
 --            Records a health result; one older than the recorded one is "stale".
---   claim    ARGV[4] worker, ARGV[5] minRemainingTTL ms, ARGV[6] maxHealthCheckAge ms
---            (the Gateway's own rules for its claim, whatever the pool policy)
---            Takes an allocatable, eligible proxy out of the index for the Worker:
---            status CLAIMED, owner = worker, epoch + 1 (the fencing token returned).
---   drain    ARGV[4] worker, ARGV[5] epoch
---            The Controller publishes DRAINING for the holder it names.
---   ack      ARGV[4] worker, ARGV[5] epoch, ARGV[6] active, ARGV[7] reserved
---            The Worker reports its use of a DRAINING proxy; at 0 and 0 it is
---            DRAINED, no longer held, and allocatable again (rule 2).
---   release  ARGV[4] worker, ARGV[5] epoch
---            Clears the ownership of a DRAINED proxy: AVAILABLE, epoch + 1.
---   remove   Deletes a proxy (not a tombstone: an extracted proxy stays out).
--- Every ownership operation names the holder and epoch it believes in; a stale
--- Worker's (or Controller's) late write is refused as "not-owner", never applied.
--- Returns {verdict, now, epoch}: verdict "ok" or the refusal: "unknown",
---   "extracted", "expired", "stale", "ineligible", "not-owner", "state";
---   now the Redis clock (ms); epoch the record's epoch after the call (0 if none).
--- Errors: "POLICY <pool's policy>" when the pool records another policy.
--- The entry follows the record: out of the index, or (re)indexed at its new
--- deadline (a passed health check brings a spent entry back), and its
--- slices' hints come down to it.
+--   claim    worker, minRemainingTTL ms, maxHealthCheckAge ms (the Gateway's
+--            own rules for its claim, whatever the pool policy)
+--            Takes an allocatable, eligible proxy out of the index for the
+--            Worker: CLAIMED, owner = worker, epoch + 1 (its fencing token).
+--   drain    worker, epoch: the Controller publishes DRAINING for that holder
+--   ack      worker, epoch, active, reserved: the Worker reports its use of a
+--            DRAINING proxy; at 0 and 0 it is DRAINED, allocatable (rule 2)
+--   release  worker, epoch: clears the ownership of a DRAINED proxy:
+--            AVAILABLE, epoch + 1
+--   remove   deletes a proxy (not a tombstone: an extracted proxy stays out)
+-- Every ownership operation names the holder and epoch it believes in; a
+-- stale Worker's (or Controller's) late write is refused as "not-owner".
+-- Returns: the Redis clock (ms), then per operation its verdict and the
+--   record's epoch after it (0 if none): "ok" or the refusal "unknown",
+--   "extracted", "expired", "stale", "ineligible", "not-owner", "state".
+-- Errors: "POLICY <A>|<m>" / "LAYOUT <v>" (prelude/base.lua); a malformed
+--   operation fails the whole call before anything is written.
+--
+-- The `held` field of cnt counts the records CLAIMED or DRAINING.
 
-local _, _, adopt = pool_policy(ARGV[1])
-local op, id = ARGV[2], ARGV[3]
-local A = {select(4, unpack(ARGV))}   -- the operation's own arguments
-local now = clock()
+local WORKER = '^[^%c]+$'
+local HELD = {C = true, G = true}
 
--- Reads and checks.
-local state_raw = redis.call('HGET', K.state, id)
-if not state_raw then return {'unknown', now, 0} end
-local rec = decode_record(id, redis.call('HGET', K.proxies, id), state_raw)
-if not rec then return redis.error_reply('ERR damaged pool: unreadable record') end
-if rec.status == 'EXTRACTED' then return {'extracted', now, 0} end
-local old_loc = locator_of(rec)
-local was = indexed_at(old_loc)
-local epoch = rec.epoch
-
-local function refuse(verdict) return {verdict, now, epoch} end
-local function holder_matches()
-  return rec.owner == A[1] and tostring(epoch) == A[2]
+local function copy(t)
+  local out = {}
+  for k, v in pairs(t) do out[k] = v end
+  return out
 end
+
 local function count_arg(v)
   local n = tonumber(v)
-  return is_int(n, 0, 2 ^ 32) and n or nil
+  if is_int(n, 0, 4294967296) then return tostring(n) end
+  return nil
 end
 
-local writes = new_writes()
-if op == 'remove' then
-  reindex(writes, old_loc, was, nil, now)
-  push(writes, 'hdel', K.proxies, id)
-  push(writes, 'hdel', K.state, id)
-  push(writes, 'hdel', K.held, id)
-  push(writes, 'zrem', K.expiry, id)
-  local refused = commit(writes)
+-- One operation on `rec` (a copy of the current record); returns its
+-- verdict, and the record after it when applied (false: deleted).
+local function operate(op, rec, a1, a2, a3, a4)
+  if op == 'remove' then return 'ok', false end
+  if rec.e13 <= NOW13 then return 'expired' end
+  local holds = rec.owner == a1 and rec.epoch == a2
+  if op == 'health' then
+    local at = a2 == '' and NOW or tonumber(a2)
+    if not is_int(at, 0, MAX_MS) then error({err = 'ERR bad checkedAt'}) end
+    local c13 = pad13(at)
+    if c13 < rec.c13 then return 'stale' end
+    rec.h, rec.c13 = a1 == '1' and '1' or '0', c13
+  elseif op == 'claim' then
+    local min_ttl, max_age = tonumber(a2), tonumber(a3)
+    if not (is_int(min_ttl, 0, MAX_MS) and is_int(max_age, 0, MAX_MS) and find(a1, WORKER)) then
+      error({err = 'ERR bad claim arguments'})
+    end
+    if not ((rec.s == 'A' or rec.s == 'R') and rec.h == '1' and tonumber(rec.u13) > NOW
+            and tonumber(rec.e13) - NOW >= min_ttl and tonumber(rec.c13) >= NOW - max_age) then
+      return 'ineligible'
+    end
+    rec.s, rec.owner, rec.epoch, rec.active, rec.reserved = 'C', a1, tostring(tonumber(rec.epoch) + 1), '0', '0'
+  elseif op == 'drain' then
+    if not holds then return 'not-owner' end
+    if rec.s ~= 'C' and rec.s ~= 'G' then return 'state' end
+    rec.s = 'G'
+  elseif op == 'ack' then
+    if not holds then return 'not-owner' end
+    if rec.s ~= 'G' and rec.s ~= 'R' then return 'state' end
+    local active, reserved = count_arg(a3), count_arg(a4)
+    if not (active and reserved) then error({err = 'ERR bad ack arguments'}) end
+    rec.active, rec.reserved = active, reserved
+    rec.s = (active == '0' and reserved == '0') and 'R' or 'G'
+  elseif op == 'release' then
+    if not holds then return 'not-owner' end
+    if rec.s ~= 'R' then return 'state' end
+    rec.s, rec.owner, rec.epoch, rec.active, rec.reserved = 'A', '', tostring(tonumber(rec.epoch) + 1), '0', '0'
+  else
+    error({err = 'ERR unknown operation'})
+  end
+  set_deadline(rec)
+  return 'ok', rec
+end
+
+local function contract(keys, argv)
+  bind_keys(keys)
+  clock()
+  read_policy(argv[1])
+  if (#argv - 1) % 6 ~= 0 or #argv < 7 then error({err = 'ERR bad contract arguments'}) end
+  local ids = {}
+  for i = 2, #argv, 6 do ids[#ids + 1] = argv[i + 1] end
+  local stored = chunked_read('HMGET', K.rec, ids)
+  local before, current, order = {}, {}, {}
+  for i = 1, #ids do
+    local id = ids[i]
+    if before[id] == nil then
+      local raw = stored[i] or nil
+      local live = decode(raw)
+      if raw and not live and not tombstone_locator(raw) then
+        return redis.error_reply('ERR damaged pool: unreadable record')
+      end
+      before[id] = live or (raw and {tomb = tombstone_locator(raw)}) or false
+      current[id] = before[id]
+      order[#order + 1] = id
+    end
+  end
+
+  local reply = {NOW}
+  for i = 2, #argv, 6 do
+    local op, id = argv[i], argv[i + 1]
+    local rec = current[id]
+    local verdict, after
+    if not rec then
+      verdict = 'unknown'
+    elseif rec.tomb then
+      verdict = 'extracted'
+    else
+      verdict, after = operate(op, copy(rec), argv[i + 2], argv[i + 3], argv[i + 4], argv[i + 5])
+      if after ~= nil then current[id] = after end
+    end
+    local now_rec = current[id]
+    reply[#reply + 1] = verdict
+    reply[#reply + 1] = (now_rec and not now_rec.tomb) and tonumber(now_rec.epoch) or 0
+  end
+
+  local w, ix = new_writes(), new_changes()
+  local was = indexed_now(before, order)
+  local held = 0
+  for _, id in ipairs(order) do
+    local old, new = before[id], current[id]
+    if new ~= old then
+      move_record(w, ix, id, old, was[id], new or nil)
+      held = held + ((new and HELD[new.s]) and 1 or 0) - ((old and HELD[old.s]) and 1 or 0)
+    end
+  end
+  expect_zset(K.ax)
+  expect_zset(K.hd)
+  local meta, extra = plan_index(ix, w, held ~= 0 and {'held'} or nil)
+  local adopt = check_meta(meta)
+  if adopt then push2(w.cnt_set, 'meta', adopt) end
+  if held ~= 0 then
+    local n = max(0, (tonumber(extra.held or '0') or 0) + held)
+    if n > 0 then push2(w.cnt_set, 'held', tostring(n)) else w.cnt_del[#w.cnt_del + 1] = 'held' end
+  end
+  local refused = apply(w)
   if refused then return refused end
-  return {'ok', now, 0}
+  return reply
 end
-
-if rec.expiresAt <= now then return refuse('expired') end
-
-if op == 'health' then
-  local at = A[2] == '' and now or tonumber(A[2])
-  if not is_int(at, -MAX_MS, MAX_MS) then return redis.error_reply('ERR bad checkedAt') end
-  if at < rec.healthCheckedAt then return refuse('stale') end
-  rec.healthOk, rec.healthCheckedAt = A[1] == '1', at
-elseif op == 'claim' then
-  local min_ttl, max_age = tonumber(A[2]), tonumber(A[3])
-  if not (is_int(min_ttl, 0, MAX_MS) and is_int(max_age, 0, MAX_MS)) then
-    return redis.error_reply('ERR bad claim arguments')
-  end
-  if not (takeable(rec) and rec.usableUntil > now and rec.expiresAt - now >= min_ttl
-          and rec.healthCheckedAt >= now - max_age) then
-    return refuse('ineligible')
-  end
-  epoch = epoch + 1
-  rec.status, rec.owner, rec.epoch, rec.active, rec.reserved = 'CLAIMED', A[1], epoch, 0, 0
-elseif op == 'drain' then
-  if not holder_matches() then return refuse('not-owner') end
-  if rec.status ~= 'CLAIMED' and rec.status ~= 'DRAINING' then return refuse('state') end
-  rec.status = 'DRAINING'
-elseif op == 'ack' then
-  if not holder_matches() then return refuse('not-owner') end
-  if rec.status ~= 'DRAINING' and rec.status ~= 'DRAINED' then return refuse('state') end
-  local active, reserved = count_arg(A[3]), count_arg(A[4])
-  if not (active and reserved) then return redis.error_reply('ERR bad ack arguments') end
-  rec.active, rec.reserved = active, reserved
-  rec.status = (active == 0 and reserved == 0) and 'DRAINED' or 'DRAINING'
-elseif op == 'release' then
-  if not holder_matches() then return refuse('not-owner') end
-  if rec.status ~= 'DRAINED' then return refuse('state') end
-  epoch = epoch + 1
-  rec.status, rec.owner, rec.epoch, rec.active, rec.reserved = 'AVAILABLE', nil, epoch, 0, 0
-else
-  return redis.error_reply('ERR unknown operation')
-end
-
--- The plan: the entry leaves the index, or (re)joins it and lowers its hints.
-local loc = reindex(writes, old_loc, was, rec, now)
-if loc then lower_hints(writes, {loc}) end
-if rec.status == 'CLAIMED' or rec.status == 'DRAINING' then
-  push(writes, 'hset', K.held, id, rec.owner)
-else
-  push(writes, 'hdel', K.held, id)
-end
-push(writes, 'hset', K.state, id, state_json(rec))
-
--- Keys this call may create live as long as the pool's records do.
-local at = redis.call('PEXPIRETIME', K.state)
-local life = lifetimes(KEYS)
-local refused = commit(writes)
-if refused then return refused end
-if adopt and at > 0 then redis.call('SET', K.policy, ARGV[1]) end
-if at > 0 then raise(KEYS, life, at, writes) end
-return {'ok', now, epoch}

@@ -1,73 +1,93 @@
 #!lua
--- prune.lua: remove what can never be handed out again, one bounded batch per call.
+-- prune.lua: take out of the pool what time has ended, one bounded batch
+-- per call. Nothing in the pool carries a Redis TTL (prelude/base.lua), so
+-- this is how records, tombstones and idempotency records go.
 --
--- KEYS[1..20]: the pool keys (prelude.lua)
+-- KEYS[1..7]: the pool keys (prelude/base.lua)
 -- ARGV[1]: the caller's pool policy "<maxHealthCheckAge ms>|<minRemainingTTL ms>"
 -- ARGV[2]: batch, the most entries each sweep below examines (1..1000)
--- Returns: {records, index, more}
---   records  expired records and tombstones deleted (with their expiry entries)
---   index    spent index entries removed (past their deadline: expired, past
---            their margin or minRemainingTTL, or with a stale health check)
---   more     1 when a sweep was full, so another call may find more; else 0
--- Errors: "POLICY <pool's policy>" when the pool records another policy.
+-- Returns: {records, index, idempotency, more}
+--   records      records and tombstones deleted (their expiry passed)
+--   index        spent entries taken out of the index (their deadline
+--                passed: expired, past their margin or minRemainingTTL, or
+--                with a stale health check)
+--   idempotency  idempotency records deleted (out of force)
+--   more         1 when a sweep was full, so another call may find more
+-- Errors: "POLICY <A>|<m>" / "LAYOUT <v>" (prelude/base.lua).
 --
--- Sweeps, each over the oldest `batch` entries of one sorted set:
---   1. expiry: records and tombstones whose expiresAt <= now (Redis TIME) are
---      deleted with their holder. A record that says it lives longer
---      (refreshed meanwhile) is kept and its expiry entry corrected, so a
---      prune never removes an eligible proxy. Its index entry, if any, is
---      spent (its deadline is at most its expiry), so sweep 2 removes it.
---   2. live: index entries whose deadline has passed leave every index set.
---      Nothing counts or hands them out meanwhile (both read from the
---      deadline on), so this is memory and walking time, never exactness.
--- The cost is O(log N + batch) per sweep, never the pool's size. Every read
--- and decision happens before the first write.
+-- Sweeps, each over the head of one sorted set, O(log N + batch):
+--   1. due, band 0 up to now: spent entries leave the index (ax, counts,
+--      heads) and are scored by their expiry (band 1); those whose expiry
+--      passed too are ended at once (2.)
+--   2. due, band 1 up to 1e13 + now: records and tombstones whose expiry
+--      passed are deleted; a `due` entry of a locator its record no longer
+--      has (refreshed meanwhile) only goes itself
+--   3. idemx up to now: idempotency records out of force
+-- Every read and decision happens before the first write.
 
-pool_policy(ARGV[1])
-local batch = tonumber(ARGV[2])
-if not is_int(batch, 1, 1000) then
-  return redis.error_reply('ERR bad prune arguments')
-end
-local now = clock()
-local writes = new_writes()
-local more = 0
-local records, index_removed = 0, 0
+local function prune(keys, argv)
+  bind_keys(keys)
+  clock()
+  read_policy(argv[1])
+  local batch = tonumber(argv[2])
+  if not is_int(batch, 1, 1000) then error({err = 'ERR bad prune arguments'}) end
+  local w, ix = new_writes(), new_changes()
+  local more = 0
 
--- 1. Expired records and tombstones, oldest first.
-local due = redis.call('ZRANGEBYSCORE', K.expiry, '-inf', now, 'LIMIT', 0, batch)
-if #due == batch then more = 1 end
-if #due > 0 then
-  local details = redis.call('HMGET', K.proxies, unpack(due))
-  local states = redis.call('HMGET', K.state, unpack(due))
-  for i, id in ipairs(due) do
-    local rec = decode_record(id, details[i], states[i])
-    if rec and rec.expiresAt > now then
-      push(writes, 'zadd', K.expiry, rec.expiresAt, id)
+  -- 1. Spent index entries; those past their expiry too are ended (2.).
+  local spent = call('ZRANGEBYSCORE', K.due, '-inf', NOW13, 'LIMIT', 0, batch)
+  if #spent == batch then more = 1 end
+  local ended = {}
+  for i = 1, #spent do
+    local m = spent[i]
+    local p, r, c, u, e13, id = split_locator(m)
+    if p then
+      ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
+      w.ax_rem[#w.ax_rem + 1] = m
+      if e13 <= NOW13 then ended[#ended + 1] = m else push2(w.due_set, '1' .. e13, m) end
     else
-      push(writes, 'hdel', K.proxies, id)
-      push(writes, 'hdel', K.state, id)
-      push(writes, 'hdel', K.held, id)
-      push(writes, 'zrem', K.expiry, id)
-      records = records + 1
+      w.due_rem[#w.due_rem + 1] = m        -- not a member this layout writes
     end
   end
-end
 
--- 2. Spent index entries, by deadline.
-local spent = redis.call('ZRANGEBYSCORE', K.live, '-inf', now, 'WITHSCORES', 'LIMIT', 0, batch)
-if #spent == 2 * batch then more = 1 end
-for i = 1, #spent, 2 do
-  local loc = locator_from('pool', spent[i])
-  local p, r, c, u, e, id
-  if loc then p, r, c, u, e, id = split_locator(loc) end
-  if p then
-    unindex_parts(writes, p, r, c, u, e, id, pad13(tonumber(spent[i + 1])))
-  else
-    push(writes, 'zrem', K.live, spent[i])     -- not a member this index writes
+  -- 2. Records and tombstones past their expiry.
+  local past = call('ZRANGEBYSCORE', K.due, '10000000000000', '1' .. NOW13, 'LIMIT', 0, batch)
+  if #past == batch then more = 1 end
+  for i = 1, #past do ended[#ended + 1] = past[i] end
+  local records, held = 0, 0
+  if #ended > 0 then
+    local ids = {}
+    for i = 1, #ended do ids[i] = match(ended[i], '|([^|]+)$') or '' end
+    local stored = chunked_read('HMGET', K.rec, ids)
+    for i = 1, #ended do
+      local m, raw = ended[i], stored[i]
+      w.due_rem[#w.due_rem + 1] = m
+      local live = decode(raw or nil)
+      if raw and ((live and live.loc == m) or tombstone_locator(raw) == m) then
+        w.rec_del[#w.rec_del + 1] = ids[i]
+        records = records + 1
+        if live and (live.s == 'C' or live.s == 'G') then held = held + 1 end
+      end
+    end
   end
-  index_removed = index_removed + 1
-end
 
-local refused = commit(writes)
-if refused then return refused end
-return {records, index_removed, more}
+  -- 3. Idempotency records out of force.
+  local idem = call('ZRANGEBYSCORE', K.idemx, '-inf', NOW13, 'LIMIT', 0, batch)
+  if #idem == batch then more = 1 end
+
+  expect_zset(K.ax)
+  expect_zset(K.hd)
+  local meta, extra = plan_index(ix, w, held > 0 and {'held'} or nil)
+  check_meta(meta)
+  if held > 0 then
+    local n = max(0, (tonumber(extra.held or '0') or 0) - held)
+    if n > 0 then push2(w.cnt_set, 'held', tostring(n)) else w.cnt_del[#w.cnt_del + 1] = 'held' end
+  end
+  local refused = apply(w)
+  if refused then return refused end
+  if #idem > 0 then
+    call('HDEL', K.idem, unpack(idem))
+    call('ZREM', K.idemx, unpack(idem))
+  end
+  return {records, #spent, #idem, more}
+end

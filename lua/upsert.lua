@@ -1,100 +1,104 @@
 #!lua
 -- upsert.lua: add proxies to the pool or refresh ones it already holds.
 --
--- KEYS[1..20]: the pool keys (prelude.lua)
+-- KEYS[1..7]: the pool keys (prelude/base.lua)
 -- ARGV[1]: the caller's pool policy "<maxHealthCheckAge ms>|<minRemainingTTL ms>"
--- ARGV[2..]: one proxy per argument, JSON: {id, protocol, host, port,
---          username?, password?, region, carrier, upstream, expiresAt,
---          usableUntil, healthOk, healthCheckedAt} (times in ms)
+-- ARGV[2..]: one proxy per argument, as the adapter formats it (src/pool/new_proxy.rs):
+--          "<H><U><C><locator>\t<host>\t<port>\t<user>\t<pass>", H "1" when
+--          its last health check passed, U usableUntil and C healthCheckedAt
+--          (13 digits of Unix ms), the rest as a record holds it
+--          (prelude/record.lua)
 -- Returns: the Redis clock (ms) the call ran at, then one status per proxy,
---          in order: "added", "refreshed",
---          "extracted" (refused: a proxy handed to a client never comes back
---          before the expiry it was handed out with) or "expired" (refused:
---          usableUntil already passed).
--- Errors: "POLICY <pool's policy>" when the pool records another policy.
+--          in order: "added", "refreshed", "extracted" (refused: handed to a
+--          client, it never comes back before the expiry it was handed out
+--          with) or "expired" (refused: usableUntil or its expiry passed).
+-- Errors: "POLICY <A>|<m>" / "LAYOUT <v>" (prelude/base.lua); an argument
+--          that is not a proxy fails the whole call before anything is written.
 --
 -- A refresh replaces the proxy's details, expiry and health and keeps its
--- ownership state. Index entries follow the record (prelude.lua); the hints
--- of the slices an entry joins come down to it, so extraction keeps
--- first-expired, first-out. Every key's TTL is raised to the latest expiry
--- it holds, so no key outlives the proxies it describes. An argument that is
--- not a valid proxy fails the whole call before anything is written.
+-- ownership state. The index follows the record (prelude/index.lua).
 
-local _, _, adopt = pool_policy(ARGV[1])
-local now = clock()
+local INCOMING = '^([01])(' .. D13 .. ')(' .. D13 .. ')(([^\t]+)\t[^\t%s]+\t%d%d?%d?%d?%d?\t[^\t%c]*\t[^\t%c]*)$'
 
-local incoming, ids = {}, {}
-for i = 2, #ARGV do
-  local ok, new = pcall(cjson.decode, ARGV[i])
-  if not ok or type(new) ~= 'table' then return redis.error_reply('ERR upsert: argument ' .. i .. ' is not JSON') end
-  new.status, new.epoch, new.active, new.reserved = 'AVAILABLE', 0, 0, 0
-  if not well_formed(new) then return redis.error_reply('ERR upsert: argument ' .. i .. ' is not a valid proxy') end
-  incoming[#incoming + 1] = new
-  ids[#ids + 1] = new.id
-end
-
--- What the pool holds now; a damaged value counts as nothing (it is replaced).
-local stored = {}
-for i = 1, #ids, CHUNK do
-  local part = {unpack(ids, i, math.min(i + CHUNK - 1, #ids))}
-  local details = redis.call('HMGET', K.proxies, unpack(part))
-  local states = redis.call('HMGET', K.state, unpack(part))
-  for j, id in ipairs(part) do
-    if stored[id] == nil then stored[id] = decode_record(id, details[j], states[j]) or false end
-  end
-end
-
--- Decide every item in order, as if each were its own call.
-local current, first = {}, {}
-for id, rec in pairs(stored) do current[id] = rec or nil end
-local statuses, latest = {}, 0
-for i, new in ipairs(incoming) do
-  local old = current[new.id]
-  if old and old.status == 'EXTRACTED' and old.expiresAt <= now then
-    old = nil                                  -- that TTL life is over: a new one may begin
-  end
-  if old and old.status == 'EXTRACTED' then
-    statuses[i] = 'extracted'
-  elseif new.usableUntil <= now or new.expiresAt <= now then
-    statuses[i] = 'expired'
-  else
-    if old then
-      new.status, new.owner, new.epoch = old.status, old.owner, old.epoch
-      new.active, new.reserved = old.active, old.reserved
-      statuses[i] = 'refreshed'
-    else
-      statuses[i] = 'added'
+-- The arguments as new records (tables as prelude/record.lua decodes them).
+local function read_incoming(argv)
+  local incoming = {}
+  for i = 2, #argv do
+    local h, u13, c13, rest, loc = match(argv[i], INCOMING)
+    local p, r, c, u, e13, id, host, port, user, pass
+    if h then
+      p, r, c, u, e13, id = split_locator(loc)
+      host, port, user, pass = match(rest, '^\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$', #loc + 1)
     end
-    if first[new.id] == nil then first[new.id] = stored[new.id] or false end
-    current[new.id] = new
-    latest = math.max(latest, new.expiresAt)
+    if not (p and u ~= '' and not find(loc, '%c') and u13 <= e13 and PROTOCOL[p]
+            and tonumber(port) >= 1 and tonumber(port) <= 65535) then
+      error({err = 'ERR upsert: argument ' .. i .. ' is not a valid proxy'})
+    end
+    incoming[#incoming + 1] = {s = 'A', h = h, u13 = u13, c13 = c13, loc = loc, host = host, port = port,
+                               user = user, pass = pass, epoch = '0', active = '0', reserved = '0',
+                               owner = '', p = p, r = r, c = c, u = u, e13 = e13, id = id}
   end
+  return incoming
 end
 
--- Plan the writes from each proxy's state before and after this call: the
--- index entry it has now (read from the index itself), the one it gets.
-local changed, old_locs = {}, {}
-for id, before in pairs(first) do
-  changed[#changed + 1] = id
-  old_locs[#changed] = (before and before.status ~= 'EXTRACTED') and locator_of(before) or false
-end
-local was = indexed_at_each(old_locs)
-local writes = new_writes()
-local joined = {}   -- locators indexed by this call
-for i, id in ipairs(changed) do
-  local after = current[id]
-  local loc = reindex(writes, old_locs[i] or nil, was[i], after, now)
-  if loc then joined[#joined + 1] = loc end
-  push(writes, 'hset', K.proxies, id, details_json(after))
-  push(writes, 'hset', K.state, id, state_json(after))
-  push(writes, 'zadd', K.expiry, after.expiresAt, id)
-end
-lower_hints(writes, joined)
+local function upsert(keys, argv)
+  bind_keys(keys)
+  clock()
+  read_policy(argv[1])
+  local incoming = read_incoming(argv)
+  local ids = {}
+  for i = 1, #incoming do ids[i] = incoming[i].id end
+  local stored = chunked_read('HMGET', K.rec, ids)
 
-local life = lifetimes(KEYS)
-local refused = commit(writes)
-if refused then return refused end
-if adopt and latest > 0 then redis.call('SET', K.policy, ARGV[1]) end
-if latest > 0 then raise(KEYS, life, latest, writes) end
-table.insert(statuses, 1, now)
-return statuses
+  -- What each id holds before the call: a live record, a tombstone's
+  -- locator, or nothing (a damaged value counts as nothing: it is replaced).
+  local before, current, order = {}, {}, {}
+  for i = 1, #ids do
+    local id = ids[i]
+    if before[id] == nil then
+      local raw = stored[i] or nil
+      local live = decode(raw)
+      local gone = not live and tombstone_locator(raw)
+      before[id] = live or (gone and {tomb = gone, e13 = sub(gone, -#id - 14, -#id - 2)}) or false
+      current[id] = before[id]
+      order[#order + 1] = id
+    end
+  end
+
+  -- Decide every item in order, as if each were its own call.
+  local statuses = {NOW}
+  for i = 1, #incoming do
+    local new = incoming[i]
+    local old = current[new.id]
+    if old and old.tomb and old.e13 <= NOW13 then old = nil end   -- that TTL life is over
+    if old and old.tomb then
+      statuses[#statuses + 1] = 'extracted'
+    elseif new.u13 <= NOW13 or new.e13 <= NOW13 then
+      statuses[#statuses + 1] = 'expired'
+    else
+      if old then
+        new.s, new.owner, new.epoch, new.active, new.reserved = old.s, old.owner, old.epoch, old.active, old.reserved
+        statuses[#statuses + 1] = 'refreshed'
+      else
+        statuses[#statuses + 1] = 'added'
+      end
+      set_deadline(new)
+      current[new.id] = new
+    end
+  end
+
+  -- The writes, from each record's state before the call to its state after.
+  local w, ix = new_writes(), new_changes()
+  local was = indexed_now(before, order)
+  for _, id in ipairs(order) do
+    local old, new = before[id], current[id]
+    if new ~= old then move_record(w, ix, id, old, was[id], new) end
+  end
+  expect_zset(K.ax)
+  expect_zset(K.hd)
+  local adopt = check_meta(plan_index(ix, w))
+  if adopt then push2(w.cnt_set, 'meta', adopt) end
+  local refused = apply(w)
+  if refused then return refused end
+  return statuses
+end

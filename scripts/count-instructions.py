@@ -119,21 +119,21 @@ def ready(http_port):
         return False
 
 
-# The probe's markers: (the phase a marker ends, the text it goes before in
-# lua/extract.lua; None: at the top of the function). Each text occurs once.
+# The probe's markers: (the phase a marker ends, the text in lua/extract.lua's
+# main function it goes before; None: at the top of the function). Each
+# text occurs once.
 MARKERS = [
     ("entered", None),
     ("marker", None),
-    ("keys bound, pool policy read (GET)", "local ok_req, req = pcall(cjson.decode"),
-    ("request decoded and checked", "local now, now_text = clock()\n"),
-    ("clock (TIME), helpers, idempotency", "-- 1. The plan.\n"),
-    ("plan", "work = work + #slices\nlocal fam_key"),
-    ("count (with a reserve)", "-- 3. The walk:"),
-    ("walk: pages, deadlines, records, checks", "-- The writes of every answer below"),
-    ("fulfillment, writes planned, answer built", "local refused = commit(writes, known)\n"),
-    ("writes: counts, key types, removals, tombstone, ranges",
-     "local units = charge()\ncount_usage('ok'"),
-    ("charge, usage", "return {'ok', result, tostring(units)}"),
+    ("keys bound, clock, policy, request read", "  local answered = replay(X)\n"),
+    ("idempotency lookup", "  plan(X)\n"),
+    ("plan", "  local w, ix = new_writes(), new_changes()\n"),
+    ("count (with a reserve)", "  walk(X)\n"),
+    ("walk: heads, probes, records, judgements", "  -- Decide.\n"),
+    ("decide: the index changes planned", "  local refused = commit(w, ix)\n  if refused then return refused end\n  local result"),
+    ("commit: counts and heads planned, writes", "  local result = record_result(X)\n"),
+    ("result, idempotency record", "  count_usage(X, 'ok')\n  return {'ok', result}"),
+    ("usage", "  return {'ok', result}\nend"),
 ]
 PHASE_CASES = [
     ("count=1, no such region", {"count": 1, "filters": {"regions": ["nowhere"]}}),
@@ -141,31 +141,45 @@ PHASE_CASES = [
     ("count=1, one region", {"count": 1, "filters": {"regions": [REGION]}}),
     ("count=100, unfiltered", {"count": 100}),
 ]
-POOL_KEYS = ["proxies", "state", "expiry", "held", "ix:pool", "ix:region", "ix:kind", "ix:atom",
-             "ix:live", "ix:dregion", "ix:dkind", "ix:datom", "ix:hint", "ix:atoms", "ix:vp",
-             "ix:vr", "ix:vc", "ix:vu", "ix:kinds", "policy"]
+POOL_KEYS = ["rec", "due", "ax", "hd", "cnt", "idem", "idemx"]
+PRELUDE = ["base.lua", "record.lua", "index.lua"]
 
 
 def probe_library():
     """lua/extract.lua with its markers, as a library of its own (its code
     built as src/pool/scripts.rs builds the real one)."""
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lua")
-    with open(os.path.join(root, "prelude.lua")) as f:
-        prelude = f.read()
+    prelude = ""
+    for part in PRELUDE:
+        with open(os.path.join(root, "prelude", part)) as f:
+            prelude += f.read() + "\n"
     with open(os.path.join(root, "extract.lua")) as f:
         body = f.read().split("\n", 1)[1]
+    entry = "local function extract(keys, argv)\n"
     top = ""
     for i, (_, anchor) in enumerate(MARKERS):
-        marker = f"redis.call('ECHO', 'phase {i}')\n"
+        marker = f"  redis.call('ECHO', 'phase {i}')\n"
         if anchor is None:
             top += marker
         elif body.count(anchor) != 1:
             sys.exit(f"count-instructions: lua/extract.lua has {body.count(anchor)} of {anchor!r}")
         else:
             body = body.replace(anchor, marker + anchor)
-    return (f"#!lua name=phase_probe\n{prelude}\nlocal function run_extract(KEYS, ARGV)\n"
-            f"bind_keys(KEYS)\n{top}{body}\nend\n"
-            "redis.register_function{function_name = 'phase_probe_extract', callback = run_extract}\n")
+    body = body.replace(entry, entry + top)
+    return (f"#!lua name=phase_probe\n{prelude}\nlocal MAIN = {{}}\ndo\n{body}\nMAIN.extract = extract\nend\n"
+            "redis.register_function{function_name = 'phase_probe_extract', callback = MAIN.extract}\n")
+
+
+def script_args(policy, body):
+    """The arguments lua/extract.lua takes for a request `body` (as
+    src/pool/redis_pool.rs sends them): policy, count, fulfillment,
+    reserve, request id, the four filters, no idempotency, no usage."""
+    filters = body.get("filters", {})
+    def dim(name):
+        values = filters.get(name)
+        return "*" if not values else "".join("\n" + v for v in values)
+    return [policy, str(body["count"]), "partial", "0", "phase-probe", dim("protocols"),
+            dim("regions"), dim("carriers"), dim("allowedUpstreams"), "", "", "", "", "", "", "", ""]
 
 
 def dumps(workdir):
@@ -242,20 +256,21 @@ def print_areas(path, calls):
 
 def phases(port, pid, workdir, calls):
     """Prints the phase profile of each PHASE_CASES case."""
-    policy = cli(port, "GET", "{pp}:policy")
+    policy = cli(port, "HGET", "{pp}:v2:cnt", "meta").split("|", 1)[1]
     subprocess.run(["redis-cli", "-p", str(port), "-x", "FUNCTION", "LOAD", "REPLACE"],
                    input=probe_library(), capture_output=True, text=True, check=True)
-    keys = " ".join(f"{{pp}}:{k}" for k in POOL_KEYS)
+    keys = [f"{{pp}}:v2:{k}" for k in POOL_KEYS]
     print(f"\nFCALL by phase ({calls} calls a case, a call after the first: mean, and median; "
           "each phase less one marker; 'commands': its Redis commands, scriptCall inclusive)")
     for name, body in PHASE_CASES:
-        request = dict(body, fulfillment="partial", reserve=0, requestId="phase-probe")
-        line = (f"FCALL phase_probe_extract {len(POOL_KEYS)} {keys} '{policy}' "
-                f"'{json.dumps(request)}'\n")
+        command = ["FCALL", "phase_probe_extract", str(len(keys)), *keys, *script_args(policy, body)]
+        # One RESP command, repeated (arguments hold newlines).
+        line = f"*{len(command)}\r\n" + "".join(
+            f"${len(a.encode())}\r\n{a}\r\n" for a in command)
         seen = set(dumps(workdir))
-        replies = subprocess.run(["redis-cli", "-p", str(port)], input=line * calls,
+        replies = subprocess.run(["redis-cli", "-p", str(port), "--pipe"], input=line * calls,
                                  capture_output=True, text=True, check=True).stdout
-        if replies.count("ok\n") != calls:
+        if f"replies: {calls}" not in replies or "errors: 0" not in replies:
             sys.exit(f"count-instructions: the probe did not answer ok {calls} times: {replies[:300]}")
         subprocess.run(["callgrind_control", "-d", "phases-end", str(pid)], check=True,
                        capture_output=True)

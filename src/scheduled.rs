@@ -241,6 +241,7 @@ mod tests {
             pruned: PruneReport {
                 records: 2,
                 index_entries: 3,
+                idempotency_records: 0,
                 batches: 1,
                 complete: true,
             },

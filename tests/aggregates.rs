@@ -262,13 +262,16 @@ async fn a_damaged_counter_hash_never_fails_an_extraction() {
     let reply = h.extract(r#"{"count":2}"#, &[]).await;
     assert_eq!(reply.ids().len(), 2);
     for id in reply.ids() {
-        let left: bool = redis::cmd("HEXISTS")
-            .arg(keys::PROXIES)
+        let record: String = redis::cmd("HGET")
+            .arg(keys::RECORDS)
             .arg(&id)
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert!(!left, "{id} was handed out but is still in the pool");
+        assert!(
+            record.starts_with('X'),
+            "{id} was handed out but is still in the pool"
+        );
     }
     let kind: String = redis::cmd("TYPE")
         .arg(keys::usage_hour(hour))

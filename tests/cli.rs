@@ -116,6 +116,72 @@ async fn load_from_stdin_and_unreachable_redis() {
     );
 }
 
+/// `health -` records many results from JSON lines on standard input, in
+/// batches: a failed one takes its proxy out of the pool, a passed one
+/// (with an old `checkedAt` refused as stale, an unknown id refused) is
+/// counted by reason, a bad line is named by number without its contents.
+#[tokio::test]
+async fn health_results_from_json_lines() {
+    let h = Harness::start().await;
+    let ids: Vec<String> = (0..600).map(|i| format!("hc-{i:04}")).collect();
+    let lines: Vec<String> = ids.iter().map(|id| line(id, 600_000)).collect();
+    let (ok, _, _) = load(&h.redis.url(), &lines.join("\n")).await;
+    assert!(ok);
+    let mut results: Vec<String> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| format!(r#"{{"id":"{id}","ok":{}}}"#, i % 3 != 0))
+        .collect();
+    results.push(format!(
+        r#"{{"id":"hc-0001","ok":true,"checkedAt":"{}"}}"#,
+        rfc3339(now_ms() - 3_600_000)
+    ));
+    results.push(r#"{"id":"nobody","ok":true}"#.to_owned());
+    results.push(r#"{"id":"hc-0002","ok":"SECRET-maybe"}"#.to_owned());
+    let mut child = Command::new(BIN)
+        .args(["health", "--redis-url", &h.redis.url(), "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(results.join("\n").as_bytes())
+            .await
+            .unwrap();
+    }
+    let out = child.wait_with_output().await.unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "recorded 600, refused 2 (stale 1, unknown 1), rejected 1"
+    );
+    assert!(stderr.contains("line 603: skipped"), "{stderr}");
+    assert!(!stderr.contains("SECRET"), "{stderr}");
+    // The 200 that failed their check are out of the pool.
+    let mut left = Vec::new();
+    loop {
+        let r = h.extract(r#"{"count":100}"#, &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        if r.ids().is_empty() {
+            break;
+        }
+        left.extend(r.ids());
+    }
+    assert_eq!(left.len(), 400);
+    assert!(
+        left.iter()
+            .all(|id| id[3..].parse::<usize>().unwrap() % 3 != 0)
+    );
+}
+
 /// `serve` with no Redis URL starts its own, loads the demo pool, prints a
 /// working curl line, answers extractions and stops cleanly on SIGTERM.
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{Harness, now_ms, proxies, proxy};
-use proxy_pool::pool::{ContractOp, RedisPool, Verdict, keys};
+use proxy_pool::pool::{ContractOp, RedisPool, Verdict};
 
 fn claim(id: &str, worker: &str) -> ContractOp {
     ContractOp::Claim {
@@ -229,17 +229,15 @@ async fn claims_and_extractions_never_overlap() {
     assert_eq!(held as usize, claimed.len());
 }
 
-/// Every key carries a TTL no later than its proxies' expiry (or its own
-/// short window), and a pool left alone past every TTL holds no keys.
+/// No pool key carries a TTL, and a pool left alone past every expiry is
+/// emptied by the scheduled prune: no pool key is left (claims, drains and
+/// releases on the way create and empty the index keys again).
 #[tokio::test]
-async fn a_pool_left_alone_holds_no_keys() {
+async fn a_pool_left_alone_is_emptied_by_the_prune() {
     let h = Harness::with_config(|c| {
         c.min_remaining_ttl = Duration::ZERO;
         c.idempotency_ttl = Duration::from_secs(1);
-        c.client_rate = Some(proxy_pool::security::Rate {
-            per_second: 100.0,
-            burst: 100,
-        });
+        c.client_rate = None;
     })
     .await;
     let mut batch = proxies("t", 6);
@@ -253,12 +251,11 @@ async fn a_pool_left_alone_holds_no_keys() {
         .await;
     let pool = &h.pool;
     let ids: Vec<String> = batch.iter().map(|p| p.id.clone()).collect();
-    // Claim, drain and release re-create index and held keys from scratch.
     for id in &ids[1..] {
         verdict(pool, ContractOp::Remove { id: id.clone() }).await;
     }
-    // t-0000 alone is left: its claim empties the index (Redis deletes the
-    // key) and its release creates it again.
+    // t-0000 alone is left: its claim empties the index and its release
+    // fills it again.
     let id = batch[0].id.clone();
     let c = ContractOp::Claim {
         id: id.clone(),
@@ -267,17 +264,12 @@ async fn a_pool_left_alone_holds_no_keys() {
         max_health_check_age: Duration::from_secs(60),
     };
     assert_eq!(verdict(pool, c).await.0, Verdict::Ok);
-    verdict(
-        pool,
+    for op in [
         ContractOp::Drain {
             id: id.clone(),
             worker: "w".into(),
             epoch: 1,
         },
-    )
-    .await;
-    verdict(
-        pool,
         ContractOp::Ack {
             id: id.clone(),
             worker: "w".into(),
@@ -285,88 +277,49 @@ async fn a_pool_left_alone_holds_no_keys() {
             active: 0,
             reserved: 0,
         },
-    )
-    .await;
-    assert_eq!(
-        verdict(
-            pool,
-            ContractOp::Release {
-                id,
-                worker: "w".into(),
-                epoch: 1
-            }
-        )
-        .await
-        .0,
-        Verdict::Ok
-    );
-
-    let keys = h.assert_keys_expire_by(latest).await;
-    assert!(keys.len() >= 5, "{keys:?}");
-    let mut conn = h.redis().await;
-    // Left alone: bounded wait for the clock to pass every TTL.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("*")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if keys.is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "keys outlived their proxies: {keys:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        ContractOp::Release {
+            id,
+            worker: "w".into(),
+            epoch: 1,
+        },
+    ] {
+        assert_eq!(verdict(pool, op).await.0, Verdict::Ok);
     }
+    let keys = h.assert_pool_keys_carry_no_ttl().await;
+    assert!(keys.len() >= 5, "{keys:?}");
+    common::model::pool_state(pool).await.unwrap();
+    // Past every expiry and the idempotency window, the prune leaves no
+    // pool key behind.
+    let until = latest.max(now_ms() + 1_000);
+    while now_ms() <= until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let report = pool.prune_expired(1000, 10, None).await.unwrap();
+    assert!(report.complete && report.records > 0, "{report:?}");
+    let mut conn = h.redis().await;
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("{pp}:v2:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, ["{pp}:v2:cnt"], "only the meta field is left");
 }
 
-/// A refresh that moves a proxy's index entry empties the index keys and
-/// fills them again in one call (Redis deletes an emptied key, and its
-/// expiry with it). The keys must keep an expiry covering the entry; they
-/// used to be left with none, so the next load of a short-lived proxy
-/// brought them down to its expiry, and when it passed the index vanished
-/// with the long-lived proxy still in it (extractions found nothing).
+/// A refresh that moves a proxy's only index entry (a new expiry) empties
+/// the index keys and fills them again in one call; a short-lived proxy
+/// added after it and expired leaves the long one where it was.
 #[tokio::test]
-async fn an_index_emptied_and_filled_again_keeps_its_expiry() {
+async fn an_index_emptied_and_filled_again_holds_its_entry() {
     let h = Harness::with_config(|c| c.min_remaining_ttl = Duration::ZERO).await;
     let mut long = proxy("long");
     long.expires_at = now_ms() + 60_000;
     long.usable_until = long.expires_at - 1_000;
     h.load(std::slice::from_ref(&long)).await;
-    // Refreshed: a new locator, so its only entry leaves every index key
-    // (emptying it) and joins it again, in one call.
     long.expires_at -= 10_000;
     long.usable_until = long.expires_at - 1_000;
     h.load(std::slice::from_ref(&long)).await;
-    let mut conn = h.redis().await;
-    for key in [
-        keys::IX_POOL,
-        keys::IX_REGION,
-        keys::IX_KIND,
-        keys::IX_ATOM,
-        keys::IX_LIVE,
-        keys::IX_DREGION,
-        keys::IX_DKIND,
-        keys::IX_DATOM,
-        keys::IX_ATOMS,
-        keys::IX_KINDS,
-        keys::POLICY,
-    ] {
-        let at: i64 = redis::cmd("PEXPIRETIME")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert!(
-            at >= long.expires_at,
-            "{key} expires at {at}, before its entry ({})",
-            long.expires_at
-        );
-    }
-    // A short-lived proxy, then its expiry passes: the long one is still there.
+    let state = common::model::pool_state(&h.pool).await.unwrap();
+    assert_eq!(state.index.len(), 1);
     let mut short = proxy("short");
     short.region = "beijing".into();
     short.expires_at = now_ms() + 300;

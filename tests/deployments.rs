@@ -79,15 +79,12 @@ async fn ready(app: &App) -> Reply {
 
 async fn record_status(conn: &mut MultiplexedConnection, id: &str) -> Option<String> {
     let raw: Option<String> = redis::cmd("HGET")
-        .arg(keys::STATE)
+        .arg(keys::RECORDS)
         .arg(id)
         .query_async(conn)
         .await
         .unwrap();
-    raw.map(|r| {
-        let v: serde_json::Value = serde_json::from_str(&r).unwrap();
-        v["status"].as_str().unwrap_or("").to_owned()
-    })
+    raw.map(|r| common::status_of(&r).to_owned())
 }
 
 /// Three masters made into one cluster by `redis-cli --cluster create`;
@@ -209,7 +206,7 @@ async fn works_on_a_redis_cluster() {
             holders += 1;
             assert!(keys.iter().all(|k| k.starts_with("{pp}:")), "{keys:?}");
             assert!(keys.iter().any(|k| k.starts_with("{pp}:rl:client:")));
-            assert!(keys.iter().any(|k| k == keys::STATE));
+            assert!(keys.iter().any(|k| k == keys::RECORDS));
         }
     }
     assert_eq!(holders, 1, "the pool is spread over several nodes");
@@ -415,7 +412,8 @@ async fn replica_acknowledgement_before_answering() {
     assert_eq!(retry.header("idempotent-replayed"), Some("true"));
     assert_eq!(retry.ids(), ["rep-0002", "rep-0003"]);
     let record = keys::idempotency("ip:127.0.0.1", "rep-key-0002");
-    let replicated: bool = redis::cmd("EXISTS")
+    let replicated: bool = redis::cmd("HEXISTS")
+        .arg(keys::IDEMPOTENCY)
         .arg(&record)
         .query_async(&mut on_replica)
         .await
@@ -669,10 +667,10 @@ async fn a_master_down_elsewhere_does_not_stop_the_library_load() {
     assert!(pool.uses_functions());
 }
 
-/// Proxies whose details are still in the pool.
+/// Proxies still in the pool's index.
 async fn pooled(conn: &mut MultiplexedConnection) -> i64 {
-    redis::cmd("HLEN")
-        .arg(keys::PROXIES)
+    redis::cmd("ZCARD")
+        .arg(keys::INDEX)
         .query_async(conn)
         .await
         .unwrap()
@@ -1117,7 +1115,6 @@ async fn extract_one(pool: &RedisPool, request_id: &str) -> ExtractionOutcome {
         request_id,
         idempotency: None,
         usage: None,
-        rate: None,
     };
     pool.extract(&query).await.unwrap()
 }

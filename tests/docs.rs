@@ -274,9 +274,9 @@ fn the_checker_finds_each_kind_of_broken_link() {
     let doc = root().join("docs/example.md");
     let text = "# Here\n\
         [ok](guarantees.md#replication-what-a-missing-acknowledgement-gets) [ok](#here)\n\
-        [ok](../lua/prelude.lua) [ok](../README.md#configuration)\n\
+        [ok](../lua/extract.lua) [ok](../README.md#configuration)\n\
         [missing file](nowhere.md) [missing anchor](guarantees.md#nowhere)\n\
-        [missing here](#there) [code anchor](../lua/prelude.lua#keys)\n\
+        [missing here](#there) [code anchor](../lua/extract.lua#keys)\n\
         [outside](../../etc/passwd) [across\nlines](operations.md#no-such-section)\n\
         [ref]: deploy.md#nor-this\n\
         `[in code](nowhere.md)`\n\
@@ -287,7 +287,7 @@ fn the_checker_finds_each_kind_of_broken_link() {
         ("nowhere.md", "no such file"),
         ("guarantees.md#nowhere", "no heading"),
         ("#there", "no heading"),
-        ("../lua/prelude.lua#keys", "not Markdown"),
+        ("../lua/extract.lua#keys", "not Markdown"),
         ("../../etc/passwd", "outside"),
         ("operations.md#no-such-section", "no heading"),
         ("deploy.md#nor-this", "no heading"),

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use common::{Harness, Planted, index_locators, now_ms, plant, proxies, proxy, raw_record};
@@ -314,21 +314,43 @@ async fn idempotent_replay_and_key_reuse() {
     }
 }
 
-/// The idempotency record expires with its window; after it the key is new.
+/// The idempotency record is in force for its window (recorded in
+/// `{pp}:v2:idemx`, no Redis TTL); after it the key is new.
 #[tokio::test]
 async fn idempotency_record_lives_for_its_window() {
-    let h = Harness::with_config(|c| c.idempotency_ttl = Duration::from_secs(120)).await;
-    h.load(&proxies("w", 2)).await;
-    h.extract(r#"{"count":1}"#, &[("idempotency-key", "window-0001")])
+    let h = Harness::with_config(|c| c.idempotency_ttl = Duration::from_secs(1)).await;
+    h.load(&proxies("w", 3)).await;
+    let first = h
+        .extract(r#"{"count":1}"#, &[("idempotency-key", "window-0001")])
         .await;
+    let started = now_ms();
     let mut conn = h.redis().await;
-    let key = keys::idempotency("ip:127.0.0.1", "window-0001");
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(&key)
+    let field = keys::idempotency("ip:127.0.0.1", "window-0001");
+    let until: f64 = redis::cmd("ZSCORE")
+        .arg(keys::IDEMPOTENCY_DUE)
+        .arg(&field)
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!((110_000..=120_000).contains(&ttl), "{ttl}");
+    assert!(
+        (until as i64 - started).abs() <= 1_000,
+        "{until} vs {started}"
+    );
+    // In force: another body with the key is a conflict.
+    let other = h
+        .extract(r#"{"count":2}"#, &[("idempotency-key", "window-0001")])
+        .await;
+    assert_eq!(other.status, 409);
+    while now_ms() <= until as i64 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Out of force: the key is new.
+    let again = h
+        .extract(r#"{"count":2}"#, &[("idempotency-key", "window-0001")])
+        .await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.ids(), ["w-0001", "w-0002"]);
+    assert_ne!(first.body, again.body);
 }
 
 /// Redis down: extract and ready answer 503 problems; when it is back,
@@ -352,18 +374,16 @@ async fn redis_outage_is_503_and_recovers() {
     assert_eq!((r.status, r.ids().len()), (200, 1));
 }
 
-/// A script that fails (here: a damaged idempotency record) answers a
-/// cause-free 500 and leaves the pool exactly as it was.
+/// A script that fails (here: the idempotency records' key of the wrong
+/// type) answers a cause-free 500 and leaves the pool exactly as it was.
 #[tokio::test]
 async fn script_error_leaves_the_pool_untouched() {
     let h = Harness::start().await;
     h.load(&proxies("e", 4)).await;
     let mut conn = h.redis().await;
-    let key = keys::idempotency("ip:127.0.0.1", "broken-0001");
-    let _: () = redis::cmd("HSET")
-        .arg(&key)
-        .arg("x")
-        .arg("y")
+    let _: () = redis::cmd("SET")
+        .arg(keys::IDEMPOTENCY)
+        .arg("damaged")
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -429,72 +449,61 @@ async fn refresh_never_resurrects_an_extracted_proxy() {
     assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids(), ["r-0001"]);
 }
 
-/// Every pool key carries a TTL no later than the latest proxy expiry.
+/// No pool key carries a TTL, an idempotency record included: under a
+/// `volatile-*` eviction policy Redis evicts only keys that have one.
 #[tokio::test]
-async fn pool_keys_expire_with_their_proxies() {
+async fn pool_keys_carry_no_ttl() {
     let h = Harness::start().await;
-    let batch = proxies("t", 3);
-    let latest = batch.iter().map(|p| p.expires_at).max().unwrap();
-    h.load(&batch).await;
+    h.load(&proxies("t", 3)).await;
     h.extract(r#"{"count":1}"#, &[("idempotency-key", "ttl-check-1")])
         .await;
-    // The idempotency record's window (10 minutes) outlives the proxies.
-    let keys = h
-        .assert_keys_expire_by(latest.max(now_ms() + 600_000))
-        .await;
-    assert!(keys.len() >= 4, "{keys:?}");
+    let keys = h.assert_pool_keys_carry_no_ttl().await;
+    for key in [keys::RECORDS, keys::DUE, keys::INDEX, keys::IDEMPOTENCY] {
+        assert!(keys.iter().any(|k| k == key), "{key}: {keys:?}");
+    }
 }
 
-/// An index key of the wrong type (a write into it would fail after the
-/// first write) is refused before anything is written.
+/// A pool key of the wrong type (a write into it would fail after the
+/// first write) is refused before anything is written: `due`, which an
+/// extraction writes without reading, and the heads, which it reads.
 #[tokio::test]
-async fn damaged_index_key_fails_before_writing() {
-    let h = Harness::start().await;
-    h.load(&proxies("b", 3)).await;
-    let mut conn = h.redis().await;
-    let _: () = redis::cmd("DEL")
-        .arg(keys::IX_KIND)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg(keys::IX_KIND)
-        .arg("not a sorted set")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let before = h.snapshot().await;
-    let r = h.extract(r#"{"count":2}"#, &[]).await;
-    assert_eq!((r.status, r.code()), (500, "INTERNAL_ERROR"));
-    assert_eq!(h.snapshot().await, before);
+async fn damaged_pool_key_fails_before_writing() {
+    for key in [keys::DUE, keys::HEADS] {
+        let h = Harness::start().await;
+        h.load(&proxies("b", 3)).await;
+        let mut conn = h.redis().await;
+        let _: () = redis::pipe()
+            .del(key)
+            .ignore()
+            .set(key, "not a sorted set")
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let before = h.snapshot().await;
+        let r = h.extract(r#"{"count":2}"#, &[]).await;
+        assert_eq!((r.status, r.code()), (500, "INTERNAL_ERROR"), "{key}");
+        assert_eq!(h.snapshot().await, before, "{key}");
+    }
 }
 
-/// Slice hints (`{pp}:ix:hint`) keep first-expired, first-out across the
-/// slices of a many-slice request when proxies expiring sooner arrive
-/// later, and an entry added behind the hints' back is still handed out,
-/// only later.
+/// The heads (`{pp}:v2:hd`) keep first-expired, first-out across the
+/// ranges of a many-range request when proxies expiring sooner arrive
+/// later; a head moved behind the index's back only delays its entries,
+/// and the walk that meets it sets it right.
 #[tokio::test]
-async fn slice_hints_keep_fifo_and_hide_nothing() {
+async fn heads_keep_fifo_and_hide_nothing() {
     const TWO_REGIONS: &str = r#"{"count":1,"filters":{"regions":["shanghai","beijing"]}}"#;
     let h = Harness::start().await;
     let mut batch = proxies("h", 7);
     for p in batch.iter_mut().skip(3) {
         p.region = "beijing".into();
     }
-    // A third region, so that naming two restricts (naming every region
-    // the pool holds is no restriction, and plans no slices at all).
     batch[6].region = "guangzhou".into();
     h.load(&batch).await;
     assert_eq!(h.extract(TWO_REGIONS, &[]).await.ids(), ["h-0000"]);
-    let mut conn = h.redis().await;
-    let hints: BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg(keys::IX_HINT)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(hints.contains_key("shanghai|"), "{hints:?}");
 
-    // Sooner than everything left, in the slice whose hint is furthest out.
+    // Sooner than everything left, in the range whose head is furthest out.
     let mut early = proxy("h-early");
     early.region = "beijing".into();
     early.expires_at = batch[0].expires_at - 60_000;
@@ -502,20 +511,28 @@ async fn slice_hints_keep_fifo_and_hide_nothing() {
     h.load(&[early.clone()]).await;
     assert_eq!(h.extract(TWO_REGIONS, &[]).await.ids(), ["h-early"]);
 
-    // Added, then its slice's hint raised behind its back.
+    // Added, then its range's head moved out behind its back.
     let mut planted = proxy("h-planted");
     planted.region = "beijing".into();
     planted.expires_at = early.expires_at;
     planted.usable_until = planted.expires_at;
     h.load(&[planted.clone()]).await;
-    let _: () = redis::cmd("HSET")
-        .arg(keys::IX_HINT)
-        .arg("beijing|")
-        .arg("~")
+    let mut conn = h.redis().await;
+    let atom = "http|beijing|telecom|provider-a";
+    let head = format!("R|http|beijing|{:013}|h-planted|{atom}", planted.expires_at);
+    let _: () = redis::pipe()
+        .zrem(keys::HEADS, &head)
+        .ignore()
+        .zadd(
+            keys::HEADS,
+            format!("R|http|beijing|9999999999999|h-planted|{atom}"),
+            0,
+        )
+        .ignore()
         .query_async(&mut conn)
         .await
         .unwrap();
-    // The wrong hint only delays it: the other slice goes first.
+    // The wrong head only delays it: the other range goes first.
     let two = TWO_REGIONS.replace(r#""count":1"#, r#""count":2"#);
     assert_eq!(h.extract(&two, &[]).await.ids(), ["h-0001", "h-0002"]);
     let rest = TWO_REGIONS.replace(r#""count":1"#, r#""count":10"#);
@@ -523,6 +540,8 @@ async fn slice_hints_keep_fifo_and_hide_nothing() {
         h.extract(&rest, &[]).await.ids(),
         ["h-planted", "h-0003", "h-0004", "h-0005"]
     );
+    // And the heads are right again.
+    common::model::pool_state(&h.pool).await.unwrap();
 }
 
 /// `remainingTtlSeconds` is `expiresAt - extractedAt` exactly as the body
@@ -556,14 +575,15 @@ async fn remaining_ttl_is_the_rendered_difference() {
             .await;
         assert_eq!(r.ids().len(), 8, "{}", r.body);
         // The extraction's own millisecond, from its idempotency record
-        // (64 hex digits of digest, then the committed result).
-        let record: String = redis::cmd("GET")
+        // (64 hex digits of digest, 13 of its window, then the result).
+        let record: String = redis::cmd("HGET")
+            .arg(keys::IDEMPOTENCY)
             .arg(keys::idempotency("ip:127.0.0.1", &key))
             .query_async(&mut conn)
             .await
             .unwrap();
-        let committed: serde_json::Value = serde_json::from_str(&record[64..]).unwrap();
-        let extracted_ms = committed["extractedAt"].as_i64().unwrap();
+        let committed = proxy_pool::pool::CommittedExtraction::parse(&record[77..]).unwrap();
+        let extracted_ms = committed.extracted_at;
         for p in r.json["proxies"].as_array().unwrap() {
             let (expires, extracted) = (seconds(&p["expiresAt"]), seconds(&p["extractedAt"]));
             let remaining = p["remainingTtlSeconds"].as_i64().unwrap();

@@ -145,13 +145,11 @@ async fn logs_carry_no_secrets() {
         .body(lambda_http::Body::from("count=1"))
         .unwrap();
     run(h.send(plain).await);
-    // A damaged idempotency record: a 500.
+    // The idempotency records' key damaged (of the wrong type): a 500.
     let mut conn = h.redis().await;
-    let damaged = proxy_pool::pool::keys::idempotency("logs", "log-key-0500");
-    let _: () = redis::cmd("HSET")
-        .arg(&damaged)
-        .arg("a")
-        .arg("b")
+    let _: () = redis::cmd("SET")
+        .arg(proxy_pool::pool::keys::IDEMPOTENCY)
+        .arg("damaged")
         .query_async(&mut conn)
         .await
         .unwrap();

@@ -47,8 +47,9 @@ async fn hgetall(h: &Harness, key: &str) -> BTreeMap<String, String> {
 }
 
 /// Expired records, tombstones and index entries go, dangling index entries
-/// too; live proxies, and one whose expiry entry lags its refreshed record,
-/// stay; the six index sets stay consistent and a second run changes nothing.
+/// too; live proxies stay, and so does a refreshed one whose old `due`
+/// entry says it is over (only that entry goes); the layout stays
+/// consistent and a second run changes nothing.
 #[tokio::test]
 async fn prune_removes_only_what_has_expired() {
     let h = Harness::start().await;
@@ -65,14 +66,15 @@ async fn prune_removes_only_what_has_expired() {
     };
     plant_in(&h, "ghost", "shanghai", now - 2_000, ghost).await;
     let mut conn = h.redis().await;
-    let tombstone = json!({"status": "EXTRACTED", "expiresAt": now - 1_000});
+    let tomb = format!("{COMBINATION}|{:013}|tomb", now - 1_000);
+    let old = format!("{COMBINATION}|{:013}|refreshed", now - 1_000);
     let _: () = redis::pipe()
-        .hset(keys::STATE, "tomb", tombstone.to_string())
+        .hset(keys::RECORDS, "tomb", format!("X{tomb}"))
         .ignore()
-        .zadd(keys::EXPIRY, "tomb", now - 1_000)
+        .zadd(keys::DUE, &tomb, 10_000_000_000_000i64 + now - 1_000)
         .ignore()
-        // The record was refreshed but its expiry entry says it is over.
-        .zadd(keys::EXPIRY, "refreshed", now - 1_000)
+        // A due entry of a locator the record had before its refresh.
+        .zadd(keys::DUE, &old, 10_000_000_000_000i64 + now - 1_000)
         .ignore()
         .query_async(&mut conn)
         .await
@@ -87,8 +89,7 @@ async fn prune_removes_only_what_has_expired() {
     assert!(report.complete);
     assert_eq!(report.batches, 1);
 
-    let records = hgetall(&h, keys::STATE).await;
-    assert_eq!(hgetall(&h, keys::PROXIES).await.len(), records.len());
+    let records = hgetall(&h, keys::RECORDS).await;
     let mut ids: Vec<&str> = records.keys().map(String::as_str).collect();
     ids.sort();
     assert_eq!(
@@ -101,13 +102,8 @@ async fn prune_removes_only_what_has_expired() {
             "refreshed"
         ]
     );
-    let expiry = zrange(&h, keys::EXPIRY).await;
-    assert_eq!(expiry.len(), 5);
-    assert!(expiry.iter().all(|(_, at)| *at > now as f64));
-    let refreshed: Value =
-        serde_json::from_str(&hgetall(&h, keys::PROXIES).await["refreshed"]).unwrap();
-    let score = expiry.iter().find(|(id, _)| id == "refreshed").unwrap().1;
-    assert_eq!(score as i64, refreshed["expiresAt"].as_i64().unwrap());
+    let due = zrange(&h, keys::DUE).await;
+    assert_eq!(due.len(), 5, "{due:?}");
     let state = common::model::pool_state(&h.pool).await.unwrap();
     assert_eq!(state.index.len(), 5, "{:?}", state.index);
 

@@ -10,7 +10,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::pools::{city_pool, commands_for, load_all, zcard};
+use common::pools::{city_pool, command_calls, commands_for, load_all, script_calls, zcard};
 use common::{Harness, Planted, now_ms, plant, raw_record};
 use proxy_pool::pool::{NewProxy, keys};
 
@@ -101,7 +101,7 @@ async fn one_proxy_per_combination() {
     // 3 x 223 x 3 x 3 = 6,021 combinations; 6,000 proxies, one in each.
     let pool = city_pool("one", 6_000, 223);
     load_all(&h, &pool).await;
-    assert_eq!(zcard(&h, keys::IX_POOL).await, 6_000);
+    assert_eq!(zcard(&h, keys::INDEX).await, 6_000);
     for round in 0..3 {
         let r = h
             .extract(
@@ -110,7 +110,7 @@ async fn one_proxy_per_combination() {
             )
             .await;
         assert_eq!((r.status, r.ids().len()), (200, 2), "{}", r.body);
-        assert_eq!(zcard(&h, keys::IX_POOL).await, 6_000 - 2 * (round + 1));
+        assert_eq!(zcard(&h, keys::INDEX).await, 6_000 - 2 * (round + 1));
     }
     // Every region at once: 223 slices of the region family.
     let regions: Vec<String> = (0..223).map(|c| format!("\"city-{c:03}\"")).collect();
@@ -165,7 +165,7 @@ async fn a_reserve_of_thousands_is_exact() {
         .extract(r#"{"count":5,"filters":{"regions":["city-000"]}}"#, &[])
         .await;
     assert_eq!((r.status, r.ids().len()), (200, 0));
-    assert_eq!(zcard(&h, keys::IX_POOL).await, 9_000);
+    assert_eq!(zcard(&h, keys::INDEX).await, 9_000);
     // The 1,000 handed out were the soonest-expiring.
     let state = common::model::pool_state(&h.pool).await.unwrap();
     let mut expiries: Vec<i64> = pool.iter().map(|p| p.expires_at).collect();
@@ -179,19 +179,21 @@ async fn a_reserve_of_thousands_is_exact() {
     assert_eq!(kept_min, expiries[1_000]);
 }
 
-/// 3,000 proxies with a stale health check expire before 5 fresh ones: both
-/// modes find the 5 (the old script's scan budget ran out on the stale run
-/// and answered "only 0"), and the stale run leaves the index, in bounded
-/// calls, until a fresh health result brings each back.
+/// 3,000 proxies indexed, then stale (their health check ages past the
+/// limit), expire before 5 fresh ones: both modes find the 5 in one call
+/// (the walk passes 1,000 of the stale run, then reads the few eligible
+/// entries whole), and the prune drains the stale run from the index in
+/// bounded calls, records kept.
 #[tokio::test]
 async fn a_long_run_of_stale_entries_hides_nothing() {
     let h = Harness::start().await;
     let now = now_ms();
+    let max_age = h.config.max_health_check_age.as_millis() as i64;
     let mut pool = city_pool("stale", 3_000, 1);
     for (i, p) in pool.iter_mut().enumerate() {
         p.expires_at = now + 300_000 + i as i64;
         p.usable_until = p.expires_at;
-        p.health_checked_at = now - 600_000;
+        p.health_checked_at = now - max_age + 1_500;
         (p.protocol, p.region, p.carrier, p.upstream) = (
             "http".into(),
             "city-000".into(),
@@ -209,16 +211,27 @@ async fn a_long_run_of_stale_entries_hides_nothing() {
         );
     }
     load_all(&h, &pool).await;
+    assert_eq!(zcard(&h, keys::INDEX).await, 3_000);
+    while now_ms() < now + 1_600 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     h.load(&fresh).await;
+    let before = command_calls(&h).await;
     let r = h
         .extract(r#"{"count":5,"fulfillment":"allOrNothing"}"#, &[])
         .await;
+    assert_eq!(
+        script_calls(&command_calls(&h).await) - script_calls(&before),
+        1
+    );
     assert_eq!((r.status, r.ids().len()), (200, 5), "{}", r.body);
     let mut ids = r.ids();
     ids.sort();
     assert!(ids.iter().all(|id| id.starts_with("fresh-")), "{ids:?}");
+    let report = h.pool.prune_expired(500, 100, None).await.unwrap();
+    assert_eq!(report.index_entries, 3_000);
     assert_eq!(
-        zcard(&h, keys::IX_POOL).await,
+        zcard(&h, keys::INDEX).await,
         0,
         "the stale run left the index"
     );
@@ -233,46 +246,49 @@ async fn a_long_run_of_stale_entries_hides_nothing() {
 }
 
 /// Damaged stored values the scripts meet on the way (a record that is not
-/// JSON, one with a non-numeric expiry, one whose port is text, a garbage
-/// hint and a garbage kind) are never handed out nor fail a call half way:
-/// the entries leave the index, the good proxies are answered, and a call
-/// that cannot write safely changes nothing.
+/// one, one with a non-numeric expiry, one whose port is text, a head that
+/// names no entry, a counter that is not a number) are never handed out nor
+/// fail a call half way: the entries leave the index, the good proxies are
+/// answered, and a call that cannot write safely changes nothing.
 #[tokio::test]
 async fn damaged_values_never_cause_a_partial_removal() {
     let h = Harness::start().await;
     let now = now_ms();
     let good = city_pool("good", 4, 1);
     h.load(&good).await;
-    let mut not_json = raw_record("not-json", now + 300_000, now);
+    let mut not_a_record = raw_record("not-a-record", now + 300_000, now);
     let mut text_expiry = raw_record("text-expiry", now + 300_001, now);
     let mut text_port = raw_record("text-port", now + 300_002, now);
-    for rec in [&mut not_json, &mut text_expiry, &mut text_port] {
+    for rec in [&mut not_a_record, &mut text_expiry, &mut text_port] {
         rec["region"] = "city-000".into();
         plant(&h, rec, Planted::ALL).await;
     }
+    let (record, ..) = common::encode_record(&h, &text_expiry);
     let mut conn = h.redis().await;
     let _: () = redis::pipe()
-        .hset(keys::PROXIES, "not-json", "{\"id\":")
+        .hset(keys::RECORDS, "not-a-record", "{\"id\":")
         .ignore()
         .hset(
-            keys::PROXIES,
+            keys::RECORDS,
             "text-expiry",
-            text_expiry
-                .to_string()
-                .replace(&format!("{}", now + 300_001), "\"3.0\""),
+            record.replacen(&format!("{:013}", now + 300_001), "3.0", 1),
         )
         .ignore()
         .hset(
-            keys::PROXIES,
+            keys::RECORDS,
             "text-port",
-            text_port
-                .to_string()
-                .replace("\"port\":1", "\"port\":\"1\""),
+            common::encode_record(&h, &text_port)
+                .0
+                .replace("\t1\t", "\tone\t"),
         )
         .ignore()
-        .hset(keys::IX_HINT, "city-000|", "3.0")
+        .zadd(
+            keys::HEADS,
+            "R|http|city-000|3.0|nothing|http|city-000|x|y",
+            0,
+        )
         .ignore()
-        .hset(keys::IX_KINDS, "not|a|kind|at all", "1")
+        .hset(keys::COUNTS, "R|http|nowhere", "many|ones")
         .ignore()
         .query_async(&mut conn)
         .await
@@ -292,15 +308,14 @@ async fn damaged_values_never_cause_a_partial_removal() {
         !r.body.contains("192.0.2.99"),
         "no damaged record is handed out"
     );
-    assert_eq!(zcard(&h, keys::IX_POOL).await, 0);
-    assert_eq!(zcard(&h, keys::IX_ATOM).await, 0);
+    assert_eq!(zcard(&h, keys::INDEX).await, 0);
 
-    // A hint hash of the wrong type: the call is refused before any write.
+    // The heads of the wrong type: the call is refused before any write.
     h.load(&city_pool("again", 3, 1)).await;
     let _: () = redis::pipe()
-        .del(keys::IX_HINT)
+        .del(keys::HEADS)
         .ignore()
-        .set(keys::IX_HINT, "damaged")
+        .set(keys::HEADS, "damaged")
         .ignore()
         .query_async(&mut conn)
         .await
@@ -327,35 +342,24 @@ async fn the_replay_record_holds_only_the_response() {
         .await;
     assert_eq!(r.ids().len(), 2);
     let mut conn = h.redis().await;
-    let record: String = redis::cmd("GET")
+    let record: String = redis::cmd("HGET")
+        .arg(keys::IDEMPOTENCY)
         .arg(keys::idempotency("ip:127.0.0.1", "minimal-0001"))
         .query_async(&mut conn)
         .await
         .unwrap();
-    let result: serde_json::Value = serde_json::from_str(&record[64..]).unwrap();
-    for proxy in result["proxies"].as_array().unwrap() {
-        let mut fields: Vec<&str> = proxy
-            .as_object()
-            .unwrap()
-            .keys()
-            .map(String::as_str)
-            .collect();
-        fields.sort_unstable();
+    // Digest, in force until, then the result: its request line and one
+    // line per proxy of exactly the response's fields.
+    let lines: Vec<&str> = record[77..].split('\n').collect();
+    assert_eq!(lines.len(), 3 + 2, "{lines:?}");
+    for proxy in &lines[3..] {
+        let fields: Vec<&str> = proxy.split('\t').collect();
         assert_eq!(
-            fields,
-            [
-                "carrier",
-                "expiresAt",
-                "host",
-                "id",
-                "password",
-                "port",
-                "protocol",
-                "region",
-                "upstream",
-                "username"
-            ]
+            fields.len(),
+            5,
+            "locator, host, port, user, password: {proxy}"
         );
+        assert_eq!(fields[0].split('|').count(), 6, "{proxy}");
     }
     let replay = h
         .extract(r#"{"count":2}"#, &[("idempotency-key", "minimal-0001")])

@@ -205,10 +205,10 @@ async fn ready(app: &App, request_id: &RequestId) -> Result<Response<Body>, Prob
     let findings = match readiness::findings(app).await {
         Ok(findings) => findings,
         Err(e) => {
-            let reason = if e.outage_class() == Some(OutageClass::Policy) {
-                Reason::PoolPolicyMismatch
-            } else {
-                Reason::RedisUnavailable
+            let reason = match e.outage_class() {
+                Some(OutageClass::Policy) => Reason::PoolPolicyMismatch,
+                Some(OutageClass::Layout) => Reason::PoolLayoutMismatch,
+                _ => Reason::RedisUnavailable,
             };
             let problem = pool_problem(e);
             return Err(match readiness::header_value(&[reason]) {
@@ -299,13 +299,7 @@ async fn admitted(
 
     let outcome = app
         .service
-        .extract(
-            identity,
-            &decoded,
-            key.as_ref(),
-            request_id.as_str(),
-            app.limiter.charge_for(identity),
-        )
+        .extract(identity, &decoded, key.as_ref(), request_id.as_str())
         .await
         .map_err(|e| match e {
             ServiceError::Rejected(problem) => problem,
@@ -339,41 +333,7 @@ async fn admitted(
             log.returned = Some(0);
             Err(Problem::insufficient_proxies(decoded.count, available))
         }
-        ExtractionOutcome::TooBroad {
-            slices,
-            most,
-            dimensions,
-        } => Err(Problem::filters_too_broad(
-            slices,
-            most,
-            too_broad_params(&dimensions),
-        )),
     }
-}
-
-/// The filters a too-broad plan multiplied, each with what it named.
-fn too_broad_params(dimensions: &[(String, u64)]) -> Vec<InvalidParam> {
-    let named: Vec<String> = dimensions
-        .iter()
-        .map(|(name, n)| format!("{n} {name}"))
-        .collect();
-    dimensions
-        .iter()
-        .map(|(name, n)| {
-            let field = if name == "upstreams" {
-                "filters.allowedUpstreams".to_owned()
-            } else {
-                format!("filters.{name}")
-            };
-            InvalidParam::new(
-                field,
-                format!(
-                    "{n} of its values are in the pool; with the other filters ({}) that is too many combinations for one request",
-                    named.join(" x ")
-                ),
-            )
-        })
-        .collect()
 }
 
 /// The one place a pool failure becomes an answer: a 503 (retry later) or a
@@ -384,6 +344,10 @@ fn pool_problem(e: PoolError) -> Problem {
         PoolError::Unavailable(outage) if outage.class == OutageClass::Policy => {
             tracing::error!(class = outage.class.as_str(), error = %outage, "pool policy mismatch");
             Problem::pool_policy_mismatch(outage.detail)
+        }
+        PoolError::Unavailable(outage) if outage.class == OutageClass::Layout => {
+            tracing::error!(class = outage.class.as_str(), error = %outage, "pool layout mismatch");
+            Problem::pool_layout_mismatch(outage.detail)
         }
         PoolError::Unavailable(outage) => {
             tracing::warn!(class = outage.class.as_str(), error = %outage, "pool unavailable");

@@ -46,6 +46,8 @@ pub enum Reason {
     RedisUnavailable,
     /// The pool records another policy than this deployment's.
     PoolPolicyMismatch,
+    /// The pool records another layout version than this deployment reads.
+    PoolLayoutMismatch,
     /// The client registry was never loaded: authenticated callers get 503.
     ClientRegistryMissing,
     /// The client registry copy in use is older than its refresh period.
@@ -62,6 +64,7 @@ impl Reason {
             Self::Draining => "draining",
             Self::RedisUnavailable => "redis-unavailable",
             Self::PoolPolicyMismatch => "pool-policy-mismatch",
+            Self::PoolLayoutMismatch => "pool-layout-mismatch",
             Self::ClientRegistryMissing => "client-registry-missing",
             Self::ClientRegistryStale => "client-registry-stale",
             Self::UsageUnflushed => "usage-unflushed",

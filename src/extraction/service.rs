@@ -5,8 +5,8 @@ use lambda_http::http::HeaderMap;
 use super::ExtractRequest;
 use crate::httpapi::{InvalidParam, Problem};
 use crate::pool::{
-    ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, PoolError, RateCharge,
-    RedisPool, Selection, UsageScope, keys,
+    ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, PoolError, RedisPool,
+    Selection, UsageScope, keys,
 };
 use crate::security::Identity;
 
@@ -112,7 +112,6 @@ impl ExtractionService {
         request: &ExtractRequest,
         key: Option<&IdempotencyKey>,
         request_id: &str,
-        rate: Option<RateCharge>,
     ) -> Result<ExtractionOutcome, ServiceError> {
         let upstreams = self.upstreams(identity, &request.filters.allowed_upstreams)?;
         let fulfillment = request
@@ -142,7 +141,6 @@ impl ExtractionService {
             usage: self.policy.usage_retention.and_then(|retention| {
                 UsageScope::new(usage_client(identity), retention, crate::clock::now_ms())
             }),
-            rate,
         };
         Ok(self.pool.extract(&query).await?)
     }

@@ -191,26 +191,23 @@ impl Problem {
         .with_params(params)
     }
 
-    /// 422: the filters name more slices of the pool than one request may
-    /// search; `params` names each restricting filter and what it named.
-    pub fn filters_too_broad(slices: u64, most: u64, params: Vec<InvalidParam>) -> Self {
-        Self::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "FILTERS_TOO_BROAD",
-            "Filters too broad",
-            format!(
-                "together the filters name {slices} combinations of values the pool holds; one request searches at most {most}: name fewer values, or fewer dimensions"
-            ),
-        )
-        .with_params(params)
-    }
-
     /// 503: this deployment's pool policy is not the one the pool records
     /// (`detail` names both; configuration values, nothing secret).
     pub fn pool_policy_mismatch(detail: String) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "POOL_POLICY_MISMATCH",
+            "Service unavailable",
+            detail,
+        )
+    }
+
+    /// 503: the pool records another layout version than this deployment
+    /// reads (`detail` names both; build facts, nothing secret).
+    pub fn pool_layout_mismatch(detail: String) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "POOL_LAYOUT_MISMATCH",
             "Service unavailable",
             detail,
         )

@@ -134,7 +134,7 @@ impl DirectOpener {
 async fn slot_owner(conn: &mut ClusterConnection) -> RedisResult<(String, u16)> {
     let slot: i64 = redis::cmd("CLUSTER")
         .arg("KEYSLOT")
-        .arg(keys::PROXIES)
+        .arg(keys::COUNTS)
         .query_async(conn)
         .await?;
     let ranges: Vec<Vec<Value>> = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;

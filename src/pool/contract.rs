@@ -1,6 +1,7 @@
 //! The pool contract the Controller, health checker and Gateway Workers use
 //! (`lua/contract.lua`): health results and Worker ownership with fencing
-//! epochs. Each operation is one atomic script call.
+//! epochs. Operations go in batches: one atomic script call applies many,
+//! each as if it were a call of its own.
 
 use std::time::Duration;
 
@@ -144,9 +145,10 @@ impl ContractOp {
         }
     }
 
-    fn args(&self) -> Vec<String> {
+    /// Its six arguments to `lua/contract.lua` (unused ones empty).
+    fn args(&self) -> [String; 6] {
         let ms = |d: &Duration| d.as_millis().to_string();
-        match self {
+        let mut args: Vec<String> = match self {
             Self::Health { id, ok, checked_at } => vec![
                 "health".into(),
                 id.clone(),
@@ -196,24 +198,63 @@ impl ContractOp {
                 ]
             }
             Self::Remove { id } => vec!["remove".into(), id.clone()],
+        };
+        args.resize(6, String::new());
+        let mut out: [String; 6] = Default::default();
+        for (slot, arg) in out.iter_mut().zip(args) {
+            *slot = arg;
         }
+        out
     }
 }
+
+/// Most operations one `lua/contract.lua` call applies: a call holds Redis
+/// for well under a millisecond per hundred.
+pub const MAX_CONTRACT_BATCH: usize = 500;
 
 impl RedisPool {
     /// Applies one contract operation atomically.
     pub async fn apply(&self, op: &ContractOp) -> Result<ContractReply, PoolError> {
+        let replies = self.apply_batch(std::slice::from_ref(op)).await?;
+        replies
+            .into_iter()
+            .next()
+            .ok_or_else(|| PoolError::Internal("unexpected contract reply".into()))
+    }
+
+    /// Applies operations in one atomic call (at most
+    /// [`MAX_CONTRACT_BATCH`]), each as if it were a call of its own, in
+    /// order; one reply per operation.
+    pub async fn apply_batch(&self, ops: &[ContractOp]) -> Result<Vec<ContractReply>, PoolError> {
+        if ops.is_empty() || ops.len() > MAX_CONTRACT_BATCH {
+            return Err(PoolError::Internal(
+                "contract batch size out of range".into(),
+            ));
+        }
         let mut inv = scripts::with_pool_keys(&scripts::CONTRACT, &self.policy());
-        for arg in op.args() {
-            inv.arg(arg);
+        for op in ops {
+            for arg in op.args() {
+                inv.arg(arg);
+            }
         }
         // Not repeated after a lost reply: a claim is not idempotent.
-        let (verdict, at_ms, epoch): (String, i64, i64) = self.invoke(&inv, false).await?;
-        Ok(ContractReply {
-            verdict: Verdict::parse(&verdict)
-                .ok_or_else(|| PoolError::Internal("unexpected contract verdict".into()))?,
-            at_ms,
-            epoch: epoch.max(0) as u64,
-        })
+        let reply: Vec<redis::Value> = self.invoke(&inv, false).await?;
+        let bad = || PoolError::Internal("unexpected contract reply".into());
+        let (now, rest) = reply.split_first().ok_or_else(bad)?;
+        let at_ms: i64 = redis::from_redis_value_ref(now).map_err(|_| bad())?;
+        if rest.len() != 2 * ops.len() {
+            return Err(bad());
+        }
+        rest.chunks(2)
+            .map(|pair| {
+                let verdict: String = redis::from_redis_value_ref(&pair[0]).map_err(|_| bad())?;
+                let epoch: i64 = redis::from_redis_value_ref(&pair[1]).map_err(|_| bad())?;
+                Ok(ContractReply {
+                    verdict: Verdict::parse(&verdict).ok_or_else(bad)?,
+                    at_ms,
+                    epoch: epoch.max(0) as u64,
+                })
+            })
+            .collect()
     }
 }

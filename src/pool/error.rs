@@ -80,6 +80,9 @@ pub enum OutageClass {
     /// The pool records another policy than this deployment's (`POLICY`):
     /// a configuration to fix, not an outage to wait out.
     Policy,
+    /// The pool records another layout version than this deployment reads
+    /// (`LAYOUT`): a deployment or a migration to make.
+    Layout,
 }
 
 impl OutageClass {
@@ -97,6 +100,7 @@ impl OutageClass {
             Self::Persistence => "persistence",
             Self::Version => "version",
             Self::Policy => "policy",
+            Self::Layout => "layout",
         }
     }
 }
@@ -124,6 +128,7 @@ pub(crate) fn outage_class(e: &RedisError) -> Option<OutageClass> {
         "NOREPLICAS" => OutageClass::Replication,
         "MISCONF" => OutageClass::Persistence,
         "POLICY" => OutageClass::Policy,
+        "LAYOUT" => OutageClass::Layout,
         "ERR"
             if e.detail()
                 .is_some_and(|d| d.starts_with("max number of clients")) =>
@@ -157,6 +162,16 @@ impl From<RedisError> for PoolError {
                 OutageClass::Policy,
                 recorded.map_or_else(|| "another one".into(), |p| p.to_string()),
             );
+        }
+        if e.code() == Some("LAYOUT") {
+            // The script names the pool's layout version: kept when it is
+            // a plain token, nothing else of the error text.
+            let recorded = e
+                .detail()
+                .and_then(|d| d.split_whitespace().next())
+                .filter(|v| v.len() <= 16 && v.bytes().all(|b| b.is_ascii_alphanumeric()))
+                .unwrap_or("unknown");
+            return Self::unavailable(OutageClass::Layout, recorded.to_owned());
         }
         let what = match e.code() {
             Some(code) => format!("{:?} {code}", e.kind()),

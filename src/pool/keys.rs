@@ -6,92 +6,49 @@ use sha2::{Digest, Sha256};
 /// The hash tag every pool key starts with.
 pub const HASH_TAG: &str = "{pp}";
 
-/// `HASH` proxy id -> details (JSON): exactly the fields an extraction
-/// returns; deleted when the proxy is handed out.
-pub const PROXIES: &str = "{pp}:proxies";
-/// `HASH` proxy id -> state (JSON): health, margin, ownership; a tombstone
-/// (`{"status":"EXTRACTED","expiresAt":…}`) once extracted.
-pub const STATE: &str = "{pp}:state";
-/// The fields of a proxy's details (in [`PROXIES`]): what an extraction returns.
-pub const DETAIL_FIELDS: [&str; 10] = [
-    "id",
-    "protocol",
-    "host",
-    "port",
-    "username",
-    "password",
-    "region",
-    "carrier",
-    "upstream",
-    "expiresAt",
-];
-/// The fields a loader sets in a proxy's state (in [`STATE`]).
-pub const STATE_FIELDS: [&str; 3] = ["safetyMarginSeconds", "healthCheckedAt", "healthOk"];
-/// `ZSET` proxy id -> expiresAt ms: every proxy and tombstone, for pruning.
-pub const EXPIRY: &str = "{pp}:expiry";
-/// `HASH` proxy id -> Worker id, for proxies CLAIMED or DRAINING.
-pub const HELD: &str = "{pp}:held";
-/// Expiry family `pool` (lex `ZSET`): every indexed proxy, in expiry order.
-pub const IX_POOL: &str = "{pp}:ix:pool";
-/// Expiry family `region` (lex `ZSET`): one slice per region.
-pub const IX_REGION: &str = "{pp}:ix:region";
-/// Expiry family `kind` (lex `ZSET`): one slice per (protocol, carrier, upstream).
-pub const IX_KIND: &str = "{pp}:ix:kind";
-/// Expiry family `atom` (lex `ZSET`): one slice per (protocol, region, carrier,
-/// upstream); its members are the entries' locators.
-pub const IX_ATOM: &str = "{pp}:ix:atom";
-/// `ZSET` locator -> deadline (the instant the entry stops being eligible):
-/// the index itself, every indexed proxy once.
-pub const IX_LIVE: &str = "{pp}:ix:live";
-/// Deadline family `region` (lex `ZSET`): one slice per region, by deadline.
-pub const IX_DREGION: &str = "{pp}:ix:dregion";
-/// Deadline family `kind` (lex `ZSET`): one slice per kind, by deadline.
-pub const IX_DKIND: &str = "{pp}:ix:dkind";
-/// Deadline family `atom` (lex `ZSET`): one slice per combination, by deadline.
-pub const IX_DATOM: &str = "{pp}:ix:datom";
-/// `HASH` slice (`"<region>|"`, `"<p>|<c>|<u>|"` or `"<p>|<r>|<c>|<u>|"`) ->
-/// lower bound of the slice's first entry: the order in which a many-slice
-/// extraction probes, never what it may take. Exactly the slices that hold
-/// entries have one.
-pub const IX_HINT: &str = "{pp}:ix:hint";
-/// `HASH` `"<protocol>|<region>|<carrier>|<upstream>|"` -> indexed entries.
-pub const IX_ATOMS: &str = "{pp}:ix:atoms";
-/// `HASH` protocol -> combinations in the index with it.
-pub const IX_PROTOCOLS: &str = "{pp}:ix:vp";
-/// `HASH` region -> combinations in the index with it.
-pub const IX_REGIONS: &str = "{pp}:ix:vr";
-/// `HASH` carrier -> combinations in the index with it.
-pub const IX_CARRIERS: &str = "{pp}:ix:vc";
-/// `HASH` upstream -> combinations in the index with it.
-pub const IX_UPSTREAMS: &str = "{pp}:ix:vu";
-/// `HASH` `"<protocol>|<carrier>|<upstream>"` -> combinations of that kind.
-pub const IX_KINDS: &str = "{pp}:ix:kinds";
-/// `STRING` `"<maxHealthCheckAge ms>|<minRemainingTTL ms>"`: the pool's
-/// policy, recorded by the first write and kept while the pool holds anything.
-pub const POLICY: &str = "{pp}:policy";
+/// The pool layout these keys hold (`lua/prelude/base.lua`), recorded in
+/// the pool's meta field with its policy: a pool of another layout is
+/// refused, never misread.
+pub const LAYOUT: &str = "2";
 
-/// The keys every pool script takes first, in the order `lua/prelude.lua` names them.
-pub const POOL: [&str; 20] = [
-    PROXIES,
-    STATE,
-    EXPIRY,
-    HELD,
-    IX_POOL,
-    IX_REGION,
-    IX_KIND,
-    IX_ATOM,
-    IX_LIVE,
-    IX_DREGION,
-    IX_DKIND,
-    IX_DATOM,
-    IX_HINT,
-    IX_ATOMS,
-    IX_PROTOCOLS,
-    IX_REGIONS,
-    IX_CARRIERS,
-    IX_UPSTREAMS,
-    IX_KINDS,
-    POLICY,
+/// `HASH` proxy id -> its record: one fixed-format string holding its
+/// state and details (`lua/prelude/record.lua`), or once it is handed out
+/// its tombstone, kept until its expiry.
+pub const RECORDS: &str = "{pp}:v2:rec";
+/// `ZSET` locator -> the instant the record next needs attention: its
+/// deadline while indexed (below 1e13), 1e13 + its expiry otherwise.
+pub const DUE: &str = "{pp}:v2:due";
+/// `ZSET` (lex) of the locators `<p>|<r>|<c>|<u>|<expiry>|<id>` of every
+/// indexed proxy: one slice per combination, in expiry order.
+pub const INDEX: &str = "{pp}:v2:ax";
+/// `ZSET` (lex): the head (first entry) of every combination with indexed
+/// proxies, in five groupings (`G|`, `P|<p>|`, `R|<p>|<r>|`, `C|<p>|<c>|`,
+/// `U|<p>|<u>|`), each then `<expiry>|<id>|<p>|<r>|<c>|<u>`.
+pub const HEADS: &str = "{pp}:v2:hd";
+/// `HASH`: `<p>|<r>|<c>|<u>` -> `<indexed entries>|<head>`; `P|<p>`,
+/// `R|<p>|<r>`, `C|<p>|<c>`, `U|<p>|<u>` -> `<indexed entries>|<combinations
+/// with a head>`; `held` -> records CLAIMED or DRAINING; `meta` ->
+/// `<layout>|<maxHealthCheckAge ms>|<minRemainingTTL ms>`, recorded by the
+/// first write.
+pub const COUNTS: &str = "{pp}:v2:cnt";
+/// `HASH` [`idempotency`] field -> a committed extraction for replay:
+/// `<digest><in force until, 13 digits of ms><result>`.
+pub const IDEMPOTENCY: &str = "{pp}:v2:idem";
+/// `ZSET` [`idempotency`] field -> the instant its record stops being in force.
+pub const IDEMPOTENCY_DUE: &str = "{pp}:v2:idemx";
+
+/// The keys every pool script takes first, in the order `lua/prelude/base.lua`
+/// names them. None carries a Redis TTL: under a `volatile-*` eviction
+/// policy only keys with one can be evicted, and losing any of these would
+/// lose proxies or a guarantee. The scripts remove what expires.
+pub const POOL: [&str; 7] = [
+    RECORDS,
+    DUE,
+    INDEX,
+    HEADS,
+    COUNTS,
+    IDEMPOTENCY,
+    IDEMPOTENCY_DUE,
 ];
 
 /// `HASH` hour (Unix s of its start) -> `"<calls> <proxies>"`: closed hours
@@ -122,14 +79,15 @@ pub fn rate_client(client_id: &str) -> String {
     )
 }
 
-/// `STRING` holding one committed extraction for replay, scoped to a client
-/// and its `Idempotency-Key` (hashed, so neither appears in key names).
+/// The field of [`IDEMPOTENCY`] holding one committed extraction for
+/// replay, scoped to a client and its `Idempotency-Key` (hashed, so neither
+/// is stored).
 pub fn idempotency(client_id: &str, key: &str) -> String {
     let mut h = Sha256::new();
     h.update(client_id.as_bytes());
     h.update([0]);
     h.update(key.as_bytes());
-    format!("{HASH_TAG}:idem:{}", hex::encode(h.finalize()))
+    hex::encode(h.finalize())
 }
 
 #[cfg(test)]
@@ -141,6 +99,6 @@ mod tests {
     fn idempotency_keys_are_scoped() {
         assert_ne!(idempotency("a", "bkey0000"), idempotency("b", "bkey0000"));
         assert_ne!(idempotency("ab", "c"), idempotency("a", "bc"));
-        assert!(idempotency("a", "b").starts_with("{pp}:idem:"));
+        assert_eq!(idempotency("a", "b").len(), 64);
     }
 }

@@ -15,8 +15,9 @@ pub const MAX_PRUNE_BATCH: u32 = 1000;
 /// Combinations `lua/inventory.lua` counts per call.
 const INVENTORY_PAGE: u32 = 500;
 /// One `lua/inventory.lua` reply: Redis time, (combination, eligible,
-/// indexed, expiring soon) rows, proxies held, and the cursor of the next page.
-type InventoryPage = (i64, Vec<(String, u64, u64, u64)>, u64, Vec<u8>);
+/// indexed, expiring soon) rows, proxies held, the cursor of the next page
+/// and whether `eligible` is exact (1).
+type InventoryPage = (i64, Vec<(String, u64, u64, u64)>, u64, String, u8);
 /// What the inventory counts as expiring soon: within five minutes.
 pub const EXPIRING_WITHIN: Duration = Duration::from_secs(300);
 
@@ -26,8 +27,10 @@ pub const EXPIRING_WITHIN: Duration = Duration::from_secs(300);
 pub struct PruneReport {
     /// Expired proxy records and tombstones deleted (with their expiry entries).
     pub records: u64,
-    /// Expired entries removed from the allocatable index.
+    /// Spent entries taken out of the allocatable index.
     pub index_entries: u64,
+    /// Idempotency records out of force deleted.
+    pub idempotency_records: u64,
     /// Script calls made.
     pub batches: u32,
     /// `false` when the batch limit was reached with more left to prune.
@@ -67,6 +70,9 @@ pub struct Inventory {
     pub buckets: Vec<BucketInventory>,
     /// Proxies held by Workers (CLAIMED or DRAINING).
     pub held: u64,
+    /// `false` when so many entries were spent (a stalled health checker, no
+    /// prune yet) that `eligible` also counts some spent ones.
+    pub exact: bool,
 }
 
 impl RedisPool {
@@ -105,10 +111,12 @@ impl RedisPool {
             let mut inv = scripts::with_pool_keys(&scripts::PRUNE, &self.policy());
             inv.arg(batch);
             // Repeating a prune after a dropped connection removes nothing twice.
-            let (records, index_entries, more): (u64, u64, u8) = self.invoke(&inv, true).await?;
+            let (records, index_entries, idempotency_records, more): (u64, u64, u64, u8) =
+                self.invoke(&inv, true).await?;
             report.batches += 1;
             report.records += records;
             report.index_entries += index_entries;
+            report.idempotency_records += idempotency_records;
             report.complete = more == 0;
             if report.complete || budget.is_some_and(|b| started.elapsed() >= b) {
                 break;
@@ -121,15 +129,18 @@ impl RedisPool {
     /// from now under the pool policy: one script call per page of
     /// combinations.
     pub async fn inventory(&self) -> Result<Inventory, PoolError> {
-        let mut buckets = Vec::new();
-        // A position in the index (raw bytes: it may end in 0xFF).
-        let mut cursor: Vec<u8> = Vec::new();
+        // By combination: a scan may report one twice.
+        let mut buckets = std::collections::BTreeMap::new();
+        let mut cursor = "0".to_owned();
+        let mut exact = true;
         loop {
             let mut inv = scripts::with_pool_keys(&scripts::INVENTORY, &self.policy());
             inv.arg(&cursor)
                 .arg(INVENTORY_PAGE)
                 .arg(EXPIRING_WITHIN.as_millis() as u64);
-            let (at_ms, rows, held, next): InventoryPage = self.invoke(&inv, true).await?;
+            let (at_ms, rows, held, next, page_exact): InventoryPage =
+                self.invoke(&inv, true).await?;
+            exact &= page_exact == 1;
             for (combination, eligible, indexed, soon) in rows {
                 let mut parts = combination.split('|');
                 let (Some(protocol), Some(region), Some(carrier), Some(upstream), None) = (
@@ -139,31 +150,40 @@ impl RedisPool {
                     parts.next(),
                     parts.next(),
                 ) else {
-                    // The script only reports locators' combinations: log no contents.
+                    // The script only reports combinations' counters: log no contents.
                     tracing::warn!(
                         len = combination.len(),
-                        "malformed combination in the pool index"
+                        "malformed combination in the pool counters"
                     );
                     continue;
                 };
-                buckets.push(BucketInventory {
-                    protocol: protocol.into(),
-                    region: region.into(),
-                    carrier: carrier.into(),
-                    upstream: upstream.into(),
-                    eligible,
-                    indexed,
-                    expiring_soon: soon.min(eligible),
-                });
+                buckets.insert(
+                    combination.clone(),
+                    BucketInventory {
+                        protocol: protocol.into(),
+                        region: region.into(),
+                        carrier: carrier.into(),
+                        upstream: upstream.into(),
+                        eligible,
+                        indexed,
+                        expiring_soon: soon.min(eligible),
+                    },
+                );
             }
-            if next.is_empty() {
-                return Ok(Self::sorted_inventory(at_ms, buckets, held));
+            if next == "0" {
+                let buckets = buckets.into_values().collect();
+                return Ok(Self::sorted_inventory(at_ms, buckets, held, exact));
             }
             cursor = next;
         }
     }
 
-    fn sorted_inventory(at_ms: i64, mut buckets: Vec<BucketInventory>, held: u64) -> Inventory {
+    fn sorted_inventory(
+        at_ms: i64,
+        mut buckets: Vec<BucketInventory>,
+        held: u64,
+        exact: bool,
+    ) -> Inventory {
         buckets.sort_by(|a, b| {
             (&a.upstream, &a.protocol, &a.region, &a.carrier).cmp(&(
                 &b.upstream,
@@ -176,6 +196,7 @@ impl RedisPool {
             at_ms,
             buckets,
             held,
+            exact,
         }
     }
 }

@@ -10,14 +10,14 @@
 //! moves elsewhere (`usage`), and the storage of the Redis client registry
 //! (`clients`). It depends on nothing else in the crate but `clock`.
 //!
-//! Each proxy is its details (`{pp}:proxies`, deleted once handed out) and
-//! its state (`{pp}:state`, a tombstone once extracted); every allocatable,
-//! healthy proxy is in the index: `{pp}:ix:live` (locator -> deadline under
-//! the pool policy, `policy`), three families of lexicographic slices by
-//! deadline (exact counts) and four by expiry (first-expired, first-out),
-//! and the counts of what exists (so a plan never follows what a request
-//! names). `lua/prelude.lua` and docs/data-model.md describe it in full. (The in-memory reference model lives with the tests, in
-//! `tests/common/model.rs`.)
+//! Each proxy is one record (`{pp}:v2:rec`, a tombstone once extracted);
+//! every allocatable, healthy proxy whose deadline was ahead when it was
+//! written is indexed: its locator in `{pp}:v2:ax` (one expiry-ordered
+//! slice per combination) and in band 0 of `{pp}:v2:due` (by its
+//! deadline), counted in `{pp}:v2:cnt`, its combination's head in
+//! `{pp}:v2:hd`. No pool key carries a TTL. `lua/prelude/` and
+//! docs/data-model.md describe it in full. (The in-memory reference model
+//! lives with the tests, in `tests/common/model.rs`.)
 
 mod acknowledger;
 mod clients;
@@ -35,14 +35,14 @@ mod usage;
 
 pub use clients::{MAX_CLIENT_BATCH, MAX_CLIENT_CREDENTIALS, PutMode, PutOutcome, StoredClient};
 pub use connection::{PoolConnection, RedisOptions};
-pub use contract::{ContractOp, ContractReply, Verdict};
+pub use contract::{ContractOp, ContractReply, MAX_CONTRACT_BATCH, Verdict};
 pub use error::{Outage, OutageClass, PoolError};
 pub use maintenance::{BucketInventory, EXPIRING_WITHIN, Inventory, MAX_PRUNE_BATCH, PruneReport};
 pub use new_proxy::{LineError, NewProxy, UpsertStatus};
 pub use policy::PoolPolicy;
 pub use query::{
     CommittedExtraction, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope,
-    PooledProxy, Protocol, RateCharge, Selection,
+    PooledProxy, Protocol, Selection,
 };
 pub use redis_pool::{
     Admission, CREDENTIAL_REREAD_EVERY, CredentialSource, Limit, LimitState, RedisPool,

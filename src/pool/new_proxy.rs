@@ -6,7 +6,6 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::error::PoolError;
-use super::keys::{DETAIL_FIELDS, STATE_FIELDS};
 use super::query::Protocol;
 use crate::clock::{TimeError, parse_rfc3339};
 
@@ -79,8 +78,26 @@ impl UpsertStatus {
     }
 }
 
+/// The fields of a proxy line.
+const FIELDS: [&str; 13] = [
+    "id",
+    "protocol",
+    "host",
+    "port",
+    "username",
+    "password",
+    "region",
+    "carrier",
+    "upstream",
+    "expiresAt",
+    "safetyMarginSeconds",
+    "healthCheckedAt",
+    "healthOk",
+];
 /// Fields of an extraction response line that a loader may carry along and that are ignored.
 const IGNORED: [&str; 3] = ["url", "remainingTtlSeconds", "extractedAt"];
+/// The largest time a record holds: 13 digits of Unix ms.
+const MAX_MS: i64 = 9_999_999_999_999;
 
 /// Why a JSON line is not a proxy. Says what is wrong, never echoes a value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -123,7 +140,7 @@ impl NewProxy {
         };
         if let Some(k) = o.keys().find(|k| {
             let k = k.as_str();
-            !DETAIL_FIELDS.contains(&k) && !STATE_FIELDS.contains(&k) && !IGNORED.contains(&k)
+            !FIELDS.contains(&k) && !IGNORED.contains(&k)
         }) {
             return Err(LineError::UnknownField(k.chars().take(64).collect()));
         }
@@ -198,10 +215,32 @@ impl NewProxy {
         })
     }
 
-    /// The JSON argument `lua/upsert.lua` takes.
+    /// The argument `lua/upsert.lua` takes: `<H><U><C><locator>\t<host>\t
+    /// <port>\t<user>\t<pass>` (`lua/prelude/record.lua`), times in 13
+    /// digits of Unix ms (a usableUntil before 1970 is 0: already over).
     pub fn to_script_arg(&self) -> Result<String, PoolError> {
-        serde_json::to_string(self)
-            .map_err(|e| PoolError::Internal(format!("a proxy could not be serialised: {e}")))
+        let in_range = |t: i64| (0..=MAX_MS).contains(&t);
+        if !in_range(self.expires_at) || !in_range(self.health_checked_at) {
+            return Err(PoolError::Internal(
+                "a proxy's time is outside 1970..2286".into(),
+            ));
+        }
+        Ok(format!(
+            "{}{:013}{:013}{}|{}|{}|{}|{:013}|{}\t{}\t{}\t{}\t{}",
+            if self.health_ok { '1' } else { '0' },
+            self.usable_until.clamp(0, MAX_MS),
+            self.health_checked_at,
+            self.protocol,
+            self.region,
+            self.carrier,
+            self.upstream,
+            self.expires_at,
+            self.id,
+            self.host,
+            self.port,
+            self.username.as_deref().unwrap_or(""),
+            self.password.as_deref().unwrap_or(""),
+        ))
     }
 }
 

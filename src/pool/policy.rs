@@ -1,5 +1,5 @@
 //! The pool policy: the two rules every deployment on one pool must share,
-//! because the index orders and counts entries by them (`lua/prelude.lua`).
+//! because the index orders and counts entries by them (`lua/prelude/record.lua`).
 
 use std::fmt;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::usage::UsageScope;
 
@@ -91,23 +91,13 @@ pub struct Selection<'a> {
 /// Where a committed extraction is recorded for replay.
 #[derive(Debug, Clone)]
 pub struct IdempotencyScope {
-    /// The Redis key, from [`keys::idempotency`].
+    /// Its field in the idempotency hash, from [`keys::idempotency`](super::keys::idempotency).
     pub key: String,
     /// The request's digest (64 hex characters), so a reuse of the key with
     /// another request is told apart.
     pub digest: String,
-    /// How long the record lives.
+    /// How long the record is in force.
     pub ttl: Duration,
-}
-
-/// The client's rate limit, charged for the work a call costs beyond its
-/// first unit (`lua/extract.lua`, step 8).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RateCharge {
-    /// The limit's Redis key ([`keys::rate_client`](super::keys::rate_client)).
-    pub key: String,
-    /// Its emission interval: milliseconds per request at the sustained rate.
-    pub interval_ms: f64,
 }
 
 /// Everything `lua/extract.lua` needs for one extraction (the time rules
@@ -128,8 +118,6 @@ pub struct ExtractionQuery<'a> {
     pub idempotency: Option<IdempotencyScope>,
     /// Present when the outcome is counted in the hourly usage counters.
     pub usage: Option<UsageScope>,
-    /// Present when the client has a rate limit to charge costly calls to.
-    pub rate: Option<RateCharge>,
 }
 
 /// The script's verdict.
@@ -148,17 +136,6 @@ pub enum ExtractionOutcome {
         /// The Redis clock it was decided at, Unix ms.
         at_ms: i64,
     },
-    /// Refused before anything was read past the plan: the filters name
-    /// more slices of existing values than one call may search.
-    TooBroad {
-        /// Slices (combinations, or kinds) the filters name among what exists.
-        slices: u64,
-        /// The most one call searches.
-        most: u64,
-        /// The restricting dimensions (`regions`, `carriers`, ...) and how
-        /// many existing values each names, in the order of the filters.
-        dimensions: Vec<(String, u64)>,
-    },
     /// Committed (or replayed) on the primary, but fewer replicas than
     /// configured acknowledged it in time: not to be handed to the client,
     /// since a failover now could lose it and hand the proxies out again.
@@ -170,8 +147,7 @@ pub enum ExtractionOutcome {
 }
 
 /// A proxy as recorded in the pool (the public part of its record).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PooledProxy {
     /// Stable proxy id.
     pub id: String,
@@ -182,16 +158,12 @@ pub struct PooledProxy {
     /// TCP port.
     pub port: u16,
     /// Proxy user, if any.
-    #[serde(default)]
     pub username: Option<String>,
     /// Proxy password, if any.
-    #[serde(default)]
     pub password: Option<String>,
     /// Region ("" when unknown).
-    #[serde(default)]
     pub region: String,
     /// Carrier ("" when unknown).
-    #[serde(default)]
     pub carrier: String,
     /// Upstream provider.
     pub upstream: String,
@@ -201,8 +173,7 @@ pub struct PooledProxy {
 
 /// What one committed extraction recorded: the source of the 200 body,
 /// stored in the idempotency record so a replay renders the same bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommittedExtraction {
     /// Request id of the request that committed it.
     pub request_id: String,
@@ -212,4 +183,54 @@ pub struct CommittedExtraction {
     pub extracted_at: i64,
     /// The proxies taken, soonest-expiring first.
     pub proxies: Vec<PooledProxy>,
+}
+
+impl PooledProxy {
+    /// A record as `lua/extract.lua` hands it out: its locator
+    /// `<p>|<r>|<c>|<u>|<expiry ms, 13 digits>|<id>`, then tab-separated
+    /// host, port, user and password ("" for none) (`lua/prelude/record.lua`).
+    fn parse(record: &str) -> Option<Self> {
+        let mut fields = record.split('\t');
+        let locator = fields.next()?;
+        let mut parts = locator.split('|');
+        let mut part = || parts.next().map(str::to_owned);
+        let (protocol, region, carrier, upstream) = (part()?, part()?, part()?, part()?);
+        let expires_at = part()?.parse().ok()?;
+        let id = part()?;
+        let host = fields.next()?.to_owned();
+        let port = fields.next()?.parse().ok()?;
+        let secret = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        let username = secret(fields.next()?);
+        let password = secret(fields.next()?);
+        Some(Self {
+            id,
+            protocol,
+            host,
+            port,
+            username,
+            password,
+            region,
+            carrier,
+            upstream,
+            expires_at,
+        })
+    }
+}
+
+impl CommittedExtraction {
+    /// Parses a result as `lua/extract.lua` records it: `<requestId>\n<count>
+    /// \n<extractedAt ms>`, then `\n<record>` per proxy.
+    pub fn parse(result: &str) -> Option<Self> {
+        let mut lines = result.split('\n');
+        let request_id = lines.next()?.to_owned();
+        let requested = lines.next()?.parse().ok()?;
+        let extracted_at = lines.next()?.parse().ok()?;
+        let proxies = lines.map(PooledProxy::parse).collect::<Option<_>>()?;
+        Some(Self {
+            request_id,
+            requested,
+            extracted_at,
+            proxies,
+        })
+    }
 }

@@ -5,7 +5,6 @@
 //! on (reconnect, NOSCRIPT reload, replica acknowledgement), so a fault path
 //! is read in one file.
 
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, RedisError, Script};
-use serde::Serialize;
 
 use super::acknowledger::{Acked, Acknowledger};
 use super::connection::{PoolConnection, RedisOptions, ScriptConnection};
@@ -34,12 +32,11 @@ const MAX_REPEATS: u32 = 3;
 /// Pause before the n-th repeat of a call refused before it ran, times n.
 const REPEAT_AFTER: Duration = Duration::from_millis(20);
 /// Proxies sent to `lua/upsert.lua` per call: few enough that one call
-/// holds Redis for a few milliseconds at most (tens of microseconds a
-/// proxy), so the Gateway and the clients sharing it never wait long
-/// behind a fill.
-const UPSERT_BATCH: usize = 64;
+/// holds Redis for a millisecond or two (some microseconds a proxy), so the
+/// Gateway and the clients sharing it never wait long behind a fill.
+const UPSERT_BATCH: usize = 128;
 /// The oldest Redis the scripts run on (Valkey reports its Redis level):
-/// they use `TIME` before writes, shebang flags and `PEXPIRETIME`.
+/// they use `TIME` before writes, shebang flags, `ZMSCORE` and Functions.
 const MIN_REDIS: (u32, u32) = (7, 0);
 /// Reports the server's version to the version check: `redis.REDIS_VERSION`
 /// (Redis 7.0 on), else `redis_version` from `INFO server`. A script, so in
@@ -51,37 +48,23 @@ static VERSION: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
     )
 });
 
-#[derive(Serialize)]
-struct ScriptFilters<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    protocols: Option<&'a [String]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    regions: Option<&'a [String]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    carriers: Option<&'a [String]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    upstreams: Option<&'a BTreeSet<String>>,
+/// Most calls of `lua/extract.lua` for one extraction: a call that answers
+/// "again" has taken spent or damaged entries out of the index (at most
+/// 1,000, a few milliseconds of Redis time, for good), and the next one
+/// starts past them. The calls also stop at half the Redis timeout.
+const MAX_EXTRACT_ROUNDS: u32 = 512;
+
+/// A filter as `lua/extract.lua` takes it: `*` does not restrict; else
+/// each value preceded by a newline (no value: nothing matches).
+fn filter_arg<'a>(values: Option<impl IntoIterator<Item = &'a String>>) -> String {
+    match values {
+        None => "*".to_owned(),
+        Some(values) => values.into_iter().map(|v| format!("\n{v}")).collect(),
+    }
 }
 
 fn restricting(list: &[String]) -> Option<&[String]> {
     (!list.is_empty()).then_some(list)
-}
-
-/// The request `lua/extract.lua` takes as its second argument.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ScriptRequest<'a> {
-    count: u32,
-    fulfillment: &'static str,
-    reserve: u32,
-    filters: ScriptFilters<'a>,
-    request_id: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    idem: Option<serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rate: Option<serde_json::Value>,
 }
 
 /// Where a fresh Redis URL comes from when Redis refuses the current
@@ -310,21 +293,32 @@ impl RedisPool {
         Ok(())
     }
 
-    /// Refuses a pool that records another policy than this deployment's
-    /// (readiness answers 503 naming both, as extraction would).
+    /// Refuses a pool that records another layout or policy than this
+    /// deployment's (readiness answers 503 naming both, as extraction would).
     async fn check_policy(&self, conn: &mut (impl ConnectionLike + Send)) -> Result<(), PoolError> {
-        let recorded: Option<String> = redis::cmd("GET")
-            .arg(keys::POLICY)
+        let recorded: Option<String> = redis::cmd("HGET")
+            .arg(keys::COUNTS)
+            .arg("meta")
             .query_async(conn)
             .await?;
-        match recorded {
-            Some(r) if r != self.options.policy.script_arg() => Err(PoolError::unavailable(
-                OutageClass::Policy,
-                PoolPolicy::parse_script_arg(&r)
-                    .map_or_else(|| "another one".into(), |p| p.to_string()),
-            )),
-            _ => Ok(()),
+        let Some(recorded) = recorded else {
+            return Ok(());
+        };
+        let (layout, policy) = recorded.split_once('|').unwrap_or((&recorded, ""));
+        if layout != keys::LAYOUT {
+            return Err(PoolError::unavailable(
+                OutageClass::Layout,
+                layout.to_owned(),
+            ));
         }
+        if policy != self.options.policy.script_arg() {
+            return Err(PoolError::unavailable(
+                OutageClass::Policy,
+                PoolPolicy::parse_script_arg(policy)
+                    .map_or_else(|| "another one".into(), |p| p.to_string()),
+            ));
+        }
+        Ok(())
     }
 
     /// The refusal when the pool's policy (described by `pool`) is not ours,
@@ -352,7 +346,7 @@ impl RedisPool {
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<(), PoolError> {
         let mut inv = VERSION.prepare_invoke();
-        inv.key(keys::PROXIES);
+        inv.key(keys::COUNTS);
         let version: String = inv.invoke_async(conn).await?;
         let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
         let found = match (parts.next().flatten(), parts.next().flatten()) {
@@ -376,46 +370,36 @@ impl RedisPool {
         Ok(())
     }
 
-    /// Runs `lua/extract.lua` once: selection, checks, removal and the
-    /// idempotency record in one atomic call.
+    /// Runs `lua/extract.lua`: selection, checks, removal and the
+    /// idempotency record in one atomic call (repeated while it answers
+    /// "again", at most [`MAX_EXTRACT_ROUNDS`] calls).
     pub async fn extract(&self, q: &ExtractionQuery<'_>) -> Result<ExtractionOutcome, PoolError> {
         let mut inv = scripts::with_pool_keys(&scripts::EXTRACT, &self.options.policy);
-        let mut request = ScriptRequest {
-            count: q.count,
-            fulfillment: q.fulfillment.as_str(),
-            reserve: q.reserve,
-            filters: ScriptFilters {
-                protocols: restricting(q.selection.protocols),
-                regions: restricting(q.selection.regions),
-                carriers: restricting(q.selection.carriers),
-                upstreams: q.selection.upstreams,
-            },
-            request_id: q.request_id,
-            idem: None,
-            usage: None,
-            rate: None,
+        let sel = &q.selection;
+        inv.arg(q.count)
+            .arg(q.fulfillment.as_str())
+            .arg(q.reserve)
+            .arg(q.request_id)
+            .arg(filter_arg(restricting(sel.protocols)))
+            .arg(filter_arg(restricting(sel.regions)))
+            .arg(filter_arg(restricting(sel.carriers)))
+            .arg(filter_arg(sel.upstreams));
+        match &q.idempotency {
+            // With replica acks, a replay rewrites its record, so the WAIT
+            // after it covers the record it replays.
+            Some(scope) => inv
+                .arg(&scope.key)
+                .arg(&scope.digest)
+                .arg(scope.ttl.as_millis() as u64)
+                .arg(if self.replica_acks > 0 { "1" } else { "0" }),
+            None => inv.arg("").arg("").arg("").arg(""),
         };
-        // The extra keys go in the order the script reads them.
-        if let Some(scope) = &q.idempotency {
-            inv.key(&scope.key);
-            // With replica acks, a replay rewrites its record's expiry (same
-            // instant), so the WAIT after it covers the record it replays.
-            request.idem = Some(serde_json::json!({
-                "digest": scope.digest,
-                "ttl": scope.ttl.as_millis() as u64,
-                "touch": self.replica_acks > 0,
-            }));
+        match &q.usage {
+            Some(usage) => usage.declare(&mut inv),
+            None => {
+                inv.arg("").arg("").arg("").arg("");
+            }
         }
-        if let Some(usage) = &q.usage {
-            request.usage = Some(usage.declare(&mut inv));
-        }
-        if let Some(rate) = &q.rate {
-            inv.key(&rate.key);
-            request.rate = Some(serde_json::json!({ "interval": rate.interval_ms }));
-        }
-        inv.arg(serde_json::to_string(&request).map_err(|e| {
-            PoolError::Internal(format!("extraction request could not be serialised: {e}"))
-        })?);
         // Repeating the script after a dropped connection is only safe when
         // the idempotency record can tell whether the first attempt committed.
         let retry_on_drop = q.idempotency.is_some();
@@ -457,28 +441,43 @@ impl RedisPool {
         inv: &Invocation<'_>,
         retry_on_drop: bool,
     ) -> Result<Vec<String>, PoolError> {
+        let started = Instant::now();
         self.bounded(async {
-            let mut cleanups = 0u32;
-            loop {
+            for round in 1..=MAX_EXTRACT_ROUNDS {
                 let reply: Vec<String> = self.call(conn, inv, retry_on_drop).await?;
                 if reply.len() != 1 || reply[0] != "again" {
-                    if cleanups > 0 {
-                        tracing::debug!(cleanups, "index cleanup calls before the extraction");
+                    if round > 1 {
+                        tracing::debug!(round, "index cleanup calls before the extraction");
                     }
                     return Ok(reply);
                 }
-                cleanups += 1;
+                if started.elapsed() > self.timeout / 2 {
+                    break;
+                }
             }
+            Err(PoolError::unavailable(
+                OutageClass::Busy,
+                "the index holds more spent entries ahead than one extraction clears; the scheduled prune clears them",
+            ))
         })
         .await
     }
 
-    /// Adds or refreshes proxies through `lua/upsert.lua`, in batches; one
-    /// status per proxy, in order.
+    /// Adds or refreshes proxies through `lua/upsert.lua`, in batches, two
+    /// calls in flight (Redis runs one while the other's request and reply
+    /// travel; sent in order on one connection, they are applied in
+    /// order); one status per proxy, in order.
     pub async fn upsert(&self, proxies: &[NewProxy]) -> Result<Vec<UpsertStatus>, PoolError> {
         let mut statuses = Vec::with_capacity(proxies.len());
-        for batch in proxies.chunks(UPSERT_BATCH) {
-            statuses.extend(self.upsert_batch(batch).await?.0);
+        for pair in proxies.chunks(2 * UPSERT_BATCH) {
+            let (first, second) = pair.split_at(pair.len().min(UPSERT_BATCH));
+            if second.is_empty() {
+                statuses.extend(self.upsert_batch(first).await?.0);
+            } else {
+                let (a, b) = tokio::join!(self.upsert_batch(first), self.upsert_batch(second));
+                statuses.extend(a?.0);
+                statuses.extend(b?.0);
+            }
         }
         Ok(statuses)
     }
@@ -657,9 +656,12 @@ impl RedisPool {
             .await
             .unwrap_or_else(|_| Err(PoolError::unavailable(OutageClass::Timeout, "timed out")))
             .map_err(|e| match e {
-                // Scripts and readiness name the pool's policy: add ours.
+                // Scripts and readiness name the pool's policy or layout: add ours.
                 PoolError::Unavailable(o) if o.class == OutageClass::Policy => {
                     self.policy_mismatch(&o.detail)
+                }
+                PoolError::Unavailable(o) if o.class == OutageClass::Layout => {
+                    layout_mismatch(&o.detail)
                 }
                 e => e,
             });
@@ -679,6 +681,17 @@ impl RedisPool {
         }
         result
     }
+}
+
+/// The refusal of a pool of another layout (version `pool`), naming both.
+fn layout_mismatch(pool: &str) -> PoolError {
+    PoolError::unavailable(
+        OutageClass::Layout,
+        format!(
+            "the pool records layout version {pool}; this deployment reads layout {}: deploy the version that reads it, or move the pool (docs/deploy.md)",
+            keys::LAYOUT
+        ),
+    )
 }
 
 /// PING, repeated once when the connection turns out dead: the first attempt
@@ -735,28 +748,17 @@ fn functions_refused(e: &RedisError) -> bool {
 
 /// The extraction script's reply as an outcome.
 fn parse_extract_reply(reply: &[String]) -> Result<ExtractionOutcome, PoolError> {
-    let committed = |json: &str| {
-        serde_json::from_str::<CommittedExtraction>(json)
-            .map_err(|e| PoolError::Internal(format!("unreadable committed result: {e}")))
+    let committed = |result: &str| {
+        CommittedExtraction::parse(result)
+            .ok_or_else(|| PoolError::Internal("unreadable committed result".into()))
     };
     Ok(match reply {
-        [tag, json, _units] if tag == "ok" => ExtractionOutcome::Committed(committed(json)?),
-        [tag, json] if tag == "replay" => ExtractionOutcome::Replayed(committed(json)?),
+        [tag, result] if tag == "ok" => ExtractionOutcome::Committed(committed(result)?),
+        [tag, result] if tag == "replay" => ExtractionOutcome::Replayed(committed(result)?),
         [tag] if tag == "conflict" => ExtractionOutcome::KeyReused,
-        [tag, n, at, _units] if tag == "insufficient" => ExtractionOutcome::Insufficient {
+        [tag, n, at] if tag == "insufficient" => ExtractionOutcome::Insufficient {
             available: n.parse().unwrap_or(0),
             at_ms: at.parse().unwrap_or(0),
-        },
-        [tag, slices, most, dims, _units] if tag == "broad" => ExtractionOutcome::TooBroad {
-            slices: slices.parse().unwrap_or(0),
-            most: most.parse().unwrap_or(0),
-            dimensions: dims
-                .split(',')
-                .filter_map(|d| {
-                    let (name, n) = d.split_once('=')?;
-                    Some((name.to_owned(), n.parse().ok()?))
-                })
-                .collect(),
         },
         _ => return Err(PoolError::Internal("unexpected extract reply".into())),
     })

@@ -1,12 +1,14 @@
 //! The Lua scripts (`lua/`), run as Redis Functions with an `EVALSHA` twin.
 //!
-//! Every script is a function of one library: `lua/prelude.lua` at its top
-//! level, then each script's body wrapped in a function. The library is
-//! loaded once per Redis (`FUNCTION LOAD`), so the prelude's definitions are
-//! made once, not on every call, and each call is an `FCALL`. Where Redis
-//! refuses Functions (an older or restricted service, `FUNCTION` renamed
-//! away, an ACL), the adapter runs the same bodies by `EVALSHA`, each pool
-//! script with the prelude joined in after its `#!lua` line.
+//! Every script is a function of one library: the prelude (`lua/prelude/`)
+//! at its top level, then each pool script's phases and its main function
+//! (named after the script) in a block of their own, and the other scripts'
+//! bodies wrapped in a function. The library is loaded once per Redis
+//! (`FUNCTION LOAD`), so every definition is made once, not on every call,
+//! and each call is an `FCALL`. Where Redis refuses Functions (an older or
+//! restricted service, `FUNCTION` renamed away, an ACL), the adapter runs
+//! the same code by `EVALSHA`, each pool script with the prelude joined in
+//! after its `#!lua` line and a call of its main function at its end.
 //!
 //! The library's name carries a hash of its code, so deployments of two
 //! versions sharing one Redis each call their own functions.
@@ -18,10 +20,20 @@ use redis::{Cmd, Script, ScriptInvocation, ToRedisArgs};
 use super::keys;
 use super::policy::PoolPolicy;
 
-const PRELUDE: &str = include_str!("../../lua/prelude.lua");
+/// The prelude, in the order its parts build on each other.
+const PRELUDE: [&str; 3] = [
+    include_str!("../../lua/prelude/base.lua"),
+    include_str!("../../lua/prelude/record.lua"),
+    include_str!("../../lua/prelude/index.lua"),
+];
+
+fn prelude() -> String {
+    PRELUDE.join("\n")
+}
 
 /// One script's source: its name in the library, its code (first line a
-/// `#!lua` shebang) and whether it is a pool script (prelude and pool keys).
+/// `#!lua` shebang) and whether it is a pool script (it defines a main
+/// function of its name over the prelude, taking the pool keys first).
 struct Source {
     name: &'static str,
     code: &'static str,
@@ -88,13 +100,18 @@ impl Source {
     }
 
     /// The code `EVALSHA` runs: a pool script gets the prelude joined in
-    /// after its shebang (Redis reads flags only on the first line).
+    /// after its shebang (Redis reads flags only on the first line) and a
+    /// call of its main function.
     fn eval_code(&self) -> String {
         if !self.pool {
             return self.code.to_owned();
         }
         let (shebang, body) = self.split();
-        format!("{shebang}\n{PRELUDE}\nbind_keys(KEYS)\n{body}")
+        format!(
+            "{shebang}\n{}\n{body}\nreturn {}(KEYS, ARGV)\n",
+            prelude(),
+            self.name
+        )
     }
 
     /// Its shebang flags as `register_function` takes them.
@@ -118,14 +135,19 @@ pub(super) struct Library {
 
 impl Library {
     fn build() -> Self {
-        let mut body = String::from(PRELUDE);
+        let mut body = prelude();
+        body.push_str("\nlocal MAIN = {}\n");
         for source in &SOURCES {
             let (_, code) = source.split();
-            let bind = if source.pool { "bind_keys(KEYS)\n" } else { "" };
-            body.push_str(&format!(
-                "\nlocal function run_{}(KEYS, ARGV)\n{bind}{code}\nend\n",
-                source.name
-            ));
+            let name = source.name;
+            if source.pool {
+                // Its phases and main in a block: their names are its own.
+                body.push_str(&format!("\ndo\n{code}\nMAIN.{name} = {name}\nend\n"));
+            } else {
+                body.push_str(&format!(
+                    "\nMAIN.{name} = function(KEYS, ARGV)\n{code}\nend\n"
+                ));
+            }
         }
         // The name follows the code (flags included), so it is hashed
         // before it is named.
@@ -135,7 +157,7 @@ impl Library {
         let mut code = format!("#!lua name={name}\n{body}");
         for source in &SOURCES {
             code.push_str(&format!(
-                "redis.register_function{{function_name = '{name}_{0}', callback = run_{0}, flags = {1}}}\n",
+                "redis.register_function{{function_name = '{name}_{0}', callback = MAIN.{0}, flags = {1}}}\n",
                 source.name,
                 source.flags()
             ));
@@ -290,8 +312,8 @@ mod tests {
             let code = source.eval_code();
             assert!(code.starts_with("#!lua"), "{}", &code[..20]);
             assert_eq!(code.lines().next(), source.code.lines().next());
-            assert!(code.contains("local function well_formed"));
-            assert!(code.contains("\nbind_keys(KEYS)\n"));
+            assert!(code.contains("local function bind_keys"));
+            assert!(code.ends_with(&format!("\nreturn {}(KEYS, ARGV)\n", source.name)));
         }
     }
 
@@ -307,11 +329,11 @@ mod tests {
         }
         assert!(
             lib.code
-                .contains("_inventory', callback = run_inventory, flags = {'no-writes'}")
+                .contains("_inventory', callback = MAIN.inventory, flags = {'no-writes'}")
         );
         assert!(
             lib.code
-                .contains("_extract', callback = run_extract, flags = {}")
+                .contains("_extract', callback = MAIN.extract, flags = {}")
         );
     }
 }

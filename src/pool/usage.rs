@@ -69,17 +69,15 @@ impl UsageScope {
         })
     }
 
-    /// Adds the counters' two keys to an extraction call (in the place
-    /// `lua/extract.lua` expects them) and returns its request's `usage`.
-    pub(super) fn declare(&self, inv: &mut super::scripts::Invocation<'_>) -> serde_json::Value {
+    /// Adds the counters' two keys and four arguments to an extraction
+    /// call (where `lua/extract.lua` expects them).
+    pub(super) fn declare(&self, inv: &mut super::scripts::Invocation<'_>) {
         inv.key(keys::usage_hour(self.hours[0]))
-            .key(keys::usage_hour(self.hours[1]));
-        serde_json::json!({
-            "client": self.client,
-            "hourA": self.hours[0],
-            "hourB": self.hours[1],
-            "life": self.retention_s,
-        })
+            .key(keys::usage_hour(self.hours[1]))
+            .arg(&self.client)
+            .arg(self.hours[0])
+            .arg(self.hours[1])
+            .arg(self.retention_s);
     }
 }
 

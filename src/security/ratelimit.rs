@@ -5,7 +5,7 @@ use lambda_http::http::{HeaderName, HeaderValue};
 
 use super::Identity;
 use crate::httpapi::Problem;
-use crate::pool::{Limit, PoolError, RateCharge, RedisPool, keys};
+use crate::pool::{Limit, PoolError, RedisPool, keys};
 
 /// A limit: a sustained rate with a burst allowance.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -99,18 +99,6 @@ impl RateLimiter {
             global,
             client_default,
         }
-    }
-
-    /// Where an extraction charges the work it costs beyond its first unit:
-    /// `identity`'s own limit, if it has one (`lua/extract.lua`, step 8).
-    pub fn charge_for(&self, identity: &Identity) -> Option<RateCharge> {
-        identity
-            .rate
-            .or(self.client_default)
-            .map(|rate| RateCharge {
-                key: keys::rate_client(&identity.rate_key),
-                interval_ms: rate.interval_ms(),
-            })
     }
 
     /// Admits `identity`'s request, or refuses it: over a limit, or Redis

@@ -24,19 +24,33 @@ use proxy_pool::pool::{
 /// Everything the pool holds, in a comparable form.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PoolState {
-    /// Every proxy by id: its details and state merged into one JSON object,
-    /// or its tombstone `{"id","status":"EXTRACTED","expiresAt"}`.
+    /// Every proxy by id: its record as JSON (the model's [`Record`]
+    /// fields), or its tombstone `{"id","status":"EXTRACTED","expiresAt"}`.
     pub records: BTreeMap<String, Value>,
     /// The index: the locator `"<p>|<r>|<c>|<u>|<expiry, 13 digits>|<id>"`
-    /// of every indexed proxy and its deadline (in Redis, `{pp}:ix:live`,
-    /// which the deadline families must agree with exactly, the expiry
-    /// families on every entry whose deadline is ahead, and the counts of
-    /// what exists on every combination).
+    /// of every indexed proxy and its deadline (in Redis, `{pp}:v2:ax`, with
+    /// the deadline from `{pp}:v2:due`).
     pub index: BTreeMap<String, i64>,
-    /// `{pp}:held`.
+    /// Proxies held by Workers (CLAIMED or DRAINING): id -> owner.
     pub held: BTreeMap<String, String>,
-    /// `{pp}:expiry`.
+    /// Every record's expiry, tombstones too.
     pub expiry: BTreeMap<String, i64>,
+    /// The Redis clock the state was read at (ms; 0 for the model's).
+    pub read_at: i64,
+}
+
+impl PoolState {
+    /// The index entries still ahead of their deadline at `now`: what an
+    /// extraction could take. (A spent entry is out of the real index once
+    /// a walk passed it or a drain took it; the model keeps it until an
+    /// operation touches its record. Neither is ever handed out.)
+    pub fn live_index(&self, now: i64) -> BTreeMap<String, i64> {
+        self.index
+            .iter()
+            .filter(|(_, d)| **d > now)
+            .map(|(l, d)| (l.clone(), *d))
+            .collect()
+    }
 }
 
 async fn members(conn: &mut PoolConnection, key: &str) -> Result<Vec<String>, PoolError> {
@@ -48,239 +62,259 @@ async fn members(conn: &mut PoolConnection, key: &str) -> Result<Vec<String>, Po
         .await?)
 }
 
-async fn hash(conn: &mut PoolConnection, key: &str) -> Result<BTreeMap<String, i64>, PoolError> {
-    Ok(redis::cmd("HGETALL").arg(key).query_async(conn).await?)
-}
-
-/// Reads the whole pool (O(pool size)), and checks that the index sets
-/// describe the same entries: the deadline families hold exactly `live`'s
-/// entries at their deadlines; each expiry family holds only indexed
-/// entries and every one whose deadline is ahead of the Redis clock (a
-/// spent one may have left a family a walk passed it in); the counts are
-/// those of the index; hints exist only for slices that hold entries; and
-/// every key lives as long as what it describes.
-pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
-    let mut conn = pool.connection();
-    let details: BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg(keys::PROXIES)
-        .query_async(&mut conn)
-        .await?;
-    let states: BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg(keys::STATE)
-        .query_async(&mut conn)
-        .await?;
-    let live: Vec<(String, i64)> = redis::cmd("ZRANGE")
-        .arg(keys::IX_LIVE)
+async fn scored(conn: &mut PoolConnection, key: &str) -> Result<Vec<(String, f64)>, PoolError> {
+    Ok(redis::cmd("ZRANGE")
+        .arg(key)
         .arg(0)
         .arg(-1)
         .arg("WITHSCORES")
+        .query_async(conn)
+        .await?)
+}
+
+/// One record as `lua/prelude/record.lua` writes it, as JSON, with its
+/// locator, deadline and owner; `None` when it is not one.
+fn decode_record(id: &str, raw: &str) -> Option<(Value, String, i64, Option<String>)> {
+    if let Some(loc) = raw.strip_prefix('X') {
+        let expires: i64 = loc.split('|').nth(4)?.parse().ok()?;
+        let json = serde_json::json!({"id": id, "status": "EXTRACTED", "expiresAt": expires});
+        return Some((json, loc.to_owned(), -1, None));
+    }
+    let status = match raw.get(0..1)? {
+        "A" => "AVAILABLE",
+        "C" => "CLAIMED",
+        "G" => "DRAINING",
+        "R" => "DRAINED",
+        _ => return None,
+    };
+    let health_ok = match raw.get(1..2)? {
+        "1" => true,
+        "0" => false,
+        _ => return None,
+    };
+    let number = |range: std::ops::Range<usize>| raw.get(range)?.parse::<i64>().ok();
+    let (d, usable, checked) = (number(2..15)?, number(15..28)?, number(28..41)?);
+    let fields: Vec<&str> = raw.get(41..)?.split('\t').collect();
+    let [loc, host, port, user, pass, epoch, active, reserved, owner] = fields.as_slice() else {
+        return None;
+    };
+    let parts: Vec<&str> = loc.split('|').collect();
+    let [p, r, c, u, e, locator_id] = parts.as_slice() else {
+        return None;
+    };
+    if *locator_id != id || e.len() != 13 {
+        return None;
+    }
+    let mut json = serde_json::json!({
+        "id": id, "protocol": p, "host": host, "port": port.parse::<u16>().ok()?,
+        "region": r, "carrier": c, "upstream": u, "expiresAt": e.parse::<i64>().ok()?,
+        "usableUntil": usable, "healthOk": health_ok, "healthCheckedAt": checked,
+        "status": status, "epoch": epoch.parse::<u64>().ok()?,
+        "active": active.parse::<u32>().ok()?, "reserved": reserved.parse::<u32>().ok()?,
+    });
+    let fields = json.as_object_mut()?;
+    for (name, value) in [("username", user), ("password", pass), ("owner", owner)] {
+        if !value.is_empty() {
+            fields.insert(name.into(), (*value).into());
+        }
+    }
+    let owner = (!owner.is_empty()).then(|| (*owner).to_owned());
+    Some((json, (*loc).to_owned(), d, owner))
+}
+
+/// Reads the whole pool (O(pool size)) and checks that every part of the
+/// layout (`lua/prelude/index.lua`) describes the same records: `due` holds
+/// each record's locator once, in band 0 (its deadline) exactly when it is
+/// in `ax`; every indexed record is allocatable and healthy; each
+/// combination's counter and head are those of its slice of `ax`; `hd`
+/// holds exactly the five heads of each combination with entries; the
+/// grouping counters are the sums; `held` counts the records Workers hold;
+/// every idempotency record has its due entry; and no pool key has a TTL.
+pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
+    let mut conn = pool.connection();
+    let raw: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys::RECORDS)
+        .query_async(&mut conn)
+        .await?;
+    let due = scored(&mut conn, keys::DUE).await?;
+    let ax = members(&mut conn, keys::INDEX).await?;
+    let hd: BTreeSet<String> = members(&mut conn, keys::HEADS).await?.into_iter().collect();
+    let counts: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys::COUNTS)
         .query_async(&mut conn)
         .await?;
     let now: (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
-    let now = now.0 * 1000 + now.1 / 1000;
-    let held: BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg(keys::HELD)
-        .query_async(&mut conn)
-        .await?;
-    let expiry: Vec<(String, i64)> = redis::cmd("ZRANGE")
-        .arg(keys::EXPIRY)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(&mut conn)
-        .await?;
-    let json = |v: &str| serde_json::from_str(v).unwrap_or(Value::String(v.to_owned()));
-    let mut records: BTreeMap<String, Value> = BTreeMap::new();
-    for (id, state) in &states {
-        let mut record = json(state);
-        if let Some(fields) = record.as_object_mut() {
-            if fields.get("status").and_then(Value::as_str) == Some("EXTRACTED") {
-                fields.insert("id".into(), id.as_str().into());
-            } else if let Some(Value::Object(d)) = details.get(id).map(|d| json(d)) {
-                fields.extend(d);
-            }
-        }
-        records.insert(id.clone(), record);
-    }
-    // Details without a state, or left after an extraction, show as such.
-    for (id, d) in &details {
-        let extracted = records
-            .get(id)
-            .is_none_or(|r| r.get("status").and_then(Value::as_str) == Some("EXTRACTED"));
-        if extracted {
-            records.insert(format!("{id} (details left over)"), json(d));
-        }
-    }
-    // `live` holds each entry by its member in the pool family.
-    let index: BTreeMap<String, i64> = live
-        .into_iter()
-        .map(|(m, d)| (locator_from("pool", &m).unwrap_or(m), d))
-        .collect();
-    let disagree = |what: &str| Err(PoolError::Internal(format!("index sets disagree: {what}")));
-    let split = |loc: &str| -> Option<[String; 6]> {
-        let parts: Vec<&str> = loc.split('|').collect();
-        let [p, r, c, u, e, id] = parts.as_slice() else {
-            return None;
-        };
-        Some([p, r, c, u, e, id].map(|s| (*s).to_owned()))
+    let read_at = now.0 * 1000 + now.1 / 1000;
+    let disagree = |what: String| {
+        Err(PoolError::Internal(format!(
+            "pool layout disagrees: {what}"
+        )))
     };
-    // The deadline families: exactly the index.
-    for (key, slice) in [
-        (
-            keys::IX_DREGION,
-            (|[_, r, _, _]: [&str; 4]| format!("{r}|")) as fn([&str; 4]) -> String,
-        ),
-        (keys::IX_DKIND, |[p, _, c, u]| format!("{p}|{c}|{u}|")),
-        (keys::IX_DATOM, |[p, r, c, u]| format!("{p}|{r}|{c}|{u}|")),
-    ] {
-        let want: BTreeSet<String> = index
-            .iter()
-            .filter_map(|(loc, d)| {
-                let [p, r, c, u, e, id] = split(loc)?;
-                Some(format!("{}{d:013}|{e}|{id}", slice([&p, &r, &c, &u])))
-            })
-            .collect();
-        let have: BTreeSet<String> = members(&mut conn, key).await?.into_iter().collect();
-        if have != want {
-            return disagree(key);
-        }
-    }
-    // The expiry families: within the index, and every entry still ahead
-    // of its deadline. (A spent entry a walk passed may have left one; each
-    // family's key lives as long as the entries it holds.)
-    let mut latest_in_family: BTreeMap<&str, Option<i64>> = BTreeMap::new();
-    for family in ["pool", "region", "kind", "atom"] {
-        let key = match family {
-            "pool" => keys::IX_POOL,
-            "region" => keys::IX_REGION,
-            "kind" => keys::IX_KIND,
-            _ => keys::IX_ATOM,
+
+    let mut state = PoolState {
+        read_at,
+        ..PoolState::default()
+    };
+    let mut locators: BTreeMap<String, (String, i64, bool)> = BTreeMap::new(); // loc -> (id, D, allocatable+healthy)
+    for (id, value) in &raw {
+        let Some((json, loc, d, owner)) = decode_record(id, value) else {
+            return disagree(format!("record {id} is not one"));
         };
-        let have: Option<BTreeSet<String>> = members(&mut conn, key)
-            .await?
-            .iter()
-            .map(|m| locator_from(family, m))
-            .collect();
-        let Some(have) = have else {
-            return disagree(key);
+        let status = json["status"].as_str().unwrap_or_default().to_owned();
+        if let Some(e) = json["expiresAt"].as_i64() {
+            state.expiry.insert(id.clone(), e);
+        }
+        if let (Some(owner), "CLAIMED" | "DRAINING") = (owner, status.as_str()) {
+            state.held.insert(id.clone(), owner);
+        }
+        let takeable =
+            matches!(status.as_str(), "AVAILABLE" | "DRAINED") && json["healthOk"] == true;
+        locators.insert(loc, (id.clone(), d, takeable));
+        state.records.insert(id.clone(), json);
+    }
+    // due: each record's locator once; band 0 (counted) at its deadline
+    // for what is indexed: every entry in ax, and spent ones a walk passed.
+    let ax_set: BTreeSet<&String> = ax.iter().collect();
+    if due.len() != locators.len() {
+        return disagree(format!(
+            "due has {} entries for {} records",
+            due.len(),
+            locators.len()
+        ));
+    }
+    for (loc, score) in &due {
+        let Some((_, d, takeable)) = locators.get(loc) else {
+            return disagree(format!("due entry {loc} has no record"));
         };
-        if have.iter().any(|l| !index.contains_key(l))
-            || index.iter().any(|(l, d)| *d > now && !have.contains(l))
-        {
-            return disagree(key);
-        }
-        latest_in_family.insert(
-            key,
-            have.iter()
-                .filter_map(|l| split(l)?[4].parse::<i64>().ok())
-                .max(),
-        );
-    }
-    // The counts: entries per combination, combinations per value and kind.
-    let mut atoms: BTreeMap<String, i64> = BTreeMap::new();
-    for loc in index.keys() {
-        if let Some([p, r, c, u, _, _]) = split(loc) {
-            *atoms.entry(format!("{p}|{r}|{c}|{u}|")).or_default() += 1;
+        let expiry: i64 = loc
+            .split('|')
+            .nth(4)
+            .and_then(|e| e.parse().ok())
+            .unwrap_or(-1);
+        if *score < 1e13 {
+            if *score as i64 != *d || !takeable {
+                return disagree(format!("counted {loc}: due {score}, deadline {d}"));
+            }
+            if !ax_set.contains(loc) && *d > read_at {
+                return disagree(format!("{loc} is eligible but not in ax"));
+            }
+            state.index.insert(loc.clone(), *d);
+        } else if *score as i64 != 10_000_000_000_000 + expiry {
+            return disagree(format!("{loc} is not indexed, yet due scores it {score}"));
         }
     }
-    if hash(&mut conn, keys::IX_ATOMS).await? != atoms {
-        return disagree("atoms");
+    if ax.iter().any(|l| !state.index.contains_key(l)) {
+        return disagree("ax holds a locator that is not counted".into());
     }
-    let mut values: [BTreeMap<String, i64>; 5] = Default::default();
-    for atom in atoms.keys() {
+    // Per combination: its count (band 0) and head (ax); the five heads; the
+    // grouping sums "<entries>|<combinations with a head>".
+    let split_atom = |loc: &str| -> (String, String) {
+        let parts: Vec<&str> = loc.split('|').collect();
+        (parts[..4].join("|"), format!("{}|{}", parts[4], parts[5]))
+    };
+    let mut atoms: BTreeMap<String, (u64, Option<String>)> = BTreeMap::new();
+    for loc in state.index.keys() {
+        atoms.entry(split_atom(loc).0).or_insert((0, None)).0 += 1;
+    }
+    for loc in &ax {
+        let (atom, key) = split_atom(loc);
+        let head = &mut atoms.entry(atom).or_insert((0, None)).1;
+        if head.is_none() {
+            *head = Some(key);
+        }
+    }
+    let mut want_counts: BTreeMap<String, String> = BTreeMap::new();
+    let mut want_heads: BTreeSet<String> = BTreeSet::new();
+    let mut groupings: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (atom, (n, head)) in &atoms {
         let [p, r, c, u]: [&str; 4] = atom
-            .trim_end_matches('|')
             .split('|')
             .collect::<Vec<_>>()
             .try_into()
             .unwrap_or(["", "", "", ""]);
-        for (i, v) in [p, r, c, u].into_iter().enumerate() {
-            *values[i].entry(v.to_owned()).or_default() += 1;
+        want_counts.insert(
+            atom.clone(),
+            format!("{n}|{}", head.as_deref().unwrap_or("")),
+        );
+        for g in [
+            format!("P|{p}"),
+            format!("R|{p}|{r}"),
+            format!("C|{p}|{c}"),
+            format!("U|{p}|{u}"),
+        ] {
+            let sum = groupings.entry(g).or_default();
+            sum.0 += n;
+            sum.1 += u64::from(head.is_some());
         }
-        *values[4].entry(format!("{p}|{c}|{u}")).or_default() += 1;
+        if let Some(head) = head {
+            let tail = format!("{head}|{atom}");
+            for prefix in [
+                "G|".to_owned(),
+                format!("P|{p}|"),
+                format!("R|{p}|{r}|"),
+                format!("C|{p}|{c}|"),
+                format!("U|{p}|{u}|"),
+            ] {
+                want_heads.insert(format!("{prefix}{tail}"));
+            }
+        }
     }
-    for (key, want) in [
-        keys::IX_PROTOCOLS,
-        keys::IX_REGIONS,
-        keys::IX_CARRIERS,
-        keys::IX_UPSTREAMS,
-        keys::IX_KINDS,
-    ]
-    .into_iter()
-    .zip(&values)
+    for (g, (n, a)) in groupings {
+        want_counts.insert(g, format!("{n}|{a}"));
+    }
+    if !state.held.is_empty() {
+        want_counts.insert("held".into(), state.held.len().to_string());
+    }
+    let mut have_counts = counts.clone();
+    let meta = have_counts.remove("meta");
+    if !raw.is_empty()
+        && meta.as_deref() != Some(&format!("{}|{}", keys::LAYOUT, pool.policy().script_arg()))
     {
-        if &hash(&mut conn, key).await? != want {
-            return disagree(key);
-        }
+        return disagree(format!("meta is {meta:?}"));
     }
-    // A hint for every slice that holds entries, and for no other (a
-    // slice's "|" count names its family: region 1, kind 3, atom 4).
-    let hints: BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg(keys::IX_HINT)
+    if have_counts != want_counts {
+        let diff: Vec<_> = want_counts
+            .iter()
+            .filter(|(k, v)| have_counts.get(*k) != Some(v))
+            .map(|(k, v)| format!("{k}: want {v}, have {:?}", have_counts.get(k)))
+            .chain(
+                have_counts
+                    .iter()
+                    .filter(|(k, _)| !want_counts.contains_key(*k))
+                    .map(|(k, v)| format!("{k}: want none, have {v}")),
+            )
+            .take(6)
+            .collect();
+        return disagree(format!("counts: {}", diff.join("; ")));
+    }
+    if hd != want_heads {
+        let extra: Vec<_> = hd.difference(&want_heads).take(3).collect();
+        let missing: Vec<_> = want_heads.difference(&hd).take(3).collect();
+        return disagree(format!("heads: extra {extra:?}, missing {missing:?}"));
+    }
+    // Idempotency records and their due entries.
+    let idem: Vec<String> = redis::cmd("HKEYS")
+        .arg(keys::IDEMPOTENCY)
         .query_async(&mut conn)
         .await?;
-    let slices: BTreeSet<String> = values[1]
-        .keys()
-        .map(|r| format!("{r}|"))
-        .chain(values[4].keys().map(|k| format!("{k}|")))
-        .chain(atoms.keys().cloned())
+    let idem_due: BTreeSet<String> = members(&mut conn, keys::IDEMPOTENCY_DUE)
+        .await?
+        .into_iter()
         .collect();
-    if hints.keys().cloned().collect::<BTreeSet<_>>() != slices {
-        return disagree("hints");
+    if idem.iter().cloned().collect::<BTreeSet<_>>() != idem_due {
+        return disagree("idempotency records and their due entries".into());
     }
-    // Every key lives until the latest expiry it describes (a key that
-    // expired early would take live entries with it), and none lives forever.
-    let record_expiry = |id: &str| records.get(id).and_then(|r| r.get("expiresAt")?.as_i64());
-    let latest_indexed = index
-        .keys()
-        .filter_map(|l| split(l)?[4].parse::<i64>().ok())
-        .max();
+    // No pool key carries a TTL: an eviction policy could take it.
     for key in keys::POOL {
         let at: i64 = redis::cmd("PEXPIRETIME")
             .arg(key)
             .query_async(&mut conn)
             .await?;
-        let needed = match key {
-            keys::PROXIES => details.keys().filter_map(|id| record_expiry(id)).max(),
-            keys::STATE => states.keys().filter_map(|id| record_expiry(id)).max(),
-            keys::EXPIRY => expiry.iter().map(|(_, e)| *e).max(),
-            keys::HELD => held.keys().filter_map(|id| record_expiry(id)).max(),
-            keys::IX_HINT | keys::POLICY => None,
-            key if latest_in_family.contains_key(key) => latest_in_family[key],
-            _ => latest_indexed, // the index sets and the counts of what they hold
-        };
-        match at {
-            -2 => {}
-            -1 => return disagree(&format!("{key} has no expiry")),
-            at if needed.is_some_and(|n| at < n) => {
-                return disagree(&format!("{key} expires at {at}, before {needed:?}"));
-            }
-            _ => {}
+        if at >= 0 {
+            return disagree(format!("{key} has a TTL"));
         }
     }
-    Ok(PoolState {
-        records,
-        index,
-        held,
-        expiry: expiry.into_iter().collect(),
-    })
-}
-
-/// The locator a member of an index family stands for (see `lua/prelude.lua`).
-fn locator_from(family: &str, member: &str) -> Option<String> {
-    if family == "atom" {
-        return Some(member.to_owned());
-    }
-    let (head, tail) = member.split_once('\t')?;
-    let head: Vec<&str> = head.split('|').collect();
-    let tail: Vec<&str> = tail.split('|').collect();
-    let [p, r, c, u, e, id] = match (family, head.as_slice(), tail.as_slice()) {
-        ("pool", [e, id], [p, r, c, u]) => [p, r, c, u, e, id],
-        ("region", [r, e, id], [p, c, u]) => [p, r, c, u, e, id],
-        ("kind", [p, c, u, e, id], [r]) => [p, r, c, u, e, id],
-        _ => return None,
-    };
-    Some(format!("{p}|{r}|{c}|{u}|{e}|{id}"))
+    Ok(state)
 }
 
 /// A live proxy record, field for field as the scripts store it.
@@ -351,7 +385,7 @@ impl Record {
     }
 
     /// The instant it stops being eligible under `policy`
-    /// (`lua/prelude.lua`).
+    /// (`lua/prelude/record.lua`).
     fn deadline(&self, policy: &PoolPolicy) -> i64 {
         let age = policy.max_health_check_age.as_millis() as i64;
         let ttl = (policy.min_remaining_ttl.as_millis() as i64).max(1);
@@ -432,6 +466,7 @@ impl MemoryPool {
             index: self.index.clone(),
             held: self.held.clone(),
             expiry: self.expiry.clone(),
+            read_at: 0,
         }
     }
 

@@ -8,11 +8,12 @@ use super::Harness;
 /// What [`plant`] writes.
 #[derive(Debug, Clone, Copy)]
 pub struct Planted {
-    /// The record in `{pp}:proxies`.
+    /// The record in `{pp}:v2:rec`.
     pub record: bool,
-    /// Its entries in every index set.
+    /// Its index entry: `ax`, `due` at its deadline, its combination's
+    /// counter and head, its grouping counters and `hd` heads.
     pub index: bool,
-    /// Its `{pp}:expiry` entry.
+    /// Its `due` entry when it is not indexed (1e13 + its expiry).
     pub expiry: bool,
 }
 
@@ -25,8 +26,8 @@ impl Planted {
     };
 }
 
-/// A live record as the scripts store it (times in Unix ms), healthy,
-/// AVAILABLE, http/shanghai/telecom/provider-a, for [`plant`].
+/// A live record as JSON (times in Unix ms), healthy, AVAILABLE,
+/// http/shanghai/telecom/provider-a, for [`plant`].
 pub fn raw_record(id: &str, expires: i64, checked_at: i64) -> Value {
     serde_json::json!({"id": id, "protocol": "http", "host": "192.0.2.99", "port": 1,
         "region": "shanghai", "carrier": "telecom", "upstream": "provider-a",
@@ -35,102 +36,170 @@ pub fn raw_record(id: &str, expires: i64, checked_at: i64) -> Value {
         "active": 0, "reserved": 0})
 }
 
-/// Writes a record straight into Redis, bypassing the scripts, as a damaged
-/// or racing pool could hold it: the record (split into its details and its
-/// state, as `lua/prelude.lua` stores them), its entries in every index set
-/// (the layout `lua/prelude.lua` describes, computed from the record's own
-/// fields) and its expiry entry, each optional.
-pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
-    use proxy_pool::pool::keys;
-    let s = |f: &str| rec[f].as_str().unwrap_or_default().to_owned();
-    let (id, p, r, c, u) = (
-        s("id"),
+/// A JSON field as the record's text: a string's contents, a number's digits
+/// (a value of another type as its JSON: a damaged record).
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// The record string `lua/prelude/record.lua` stores for `rec` (as
+/// [`raw_record`] shapes it), its locator and deadline under `h`'s policy.
+pub fn encode_record(h: &Harness, rec: &Value) -> (String, String, i64) {
+    let s = |f: &str| text(&rec[f]);
+    let n = |f: &str| rec[f].as_i64().unwrap_or(0);
+    let expires = n("expiresAt");
+    let policy = h.pool.policy();
+    let d = n("usableUntil")
+        .min(expires - (policy.min_remaining_ttl.as_millis() as i64).max(1) + 1)
+        .min(n("healthCheckedAt") + policy.max_health_check_age.as_millis() as i64 + 1)
+        .max(0);
+    let loc = format!(
+        "{}|{}|{}|{}|{:013}|{}",
         s("protocol"),
         s("region"),
         s("carrier"),
         s("upstream"),
+        expires,
+        s("id")
     );
-    let expires = rec["expiresAt"].as_i64().unwrap();
-    let e = format!("{expires:013}");
+    let status = match s("status").as_str() {
+        "AVAILABLE" => "A",
+        "CLAIMED" => "C",
+        "DRAINING" => "G",
+        "DRAINED" => "R",
+        _ => "?",
+    };
+    let record = format!(
+        "{status}{}{d:013}{:013}{:013}{loc}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+        if rec["healthOk"] == true { '1' } else { '0' },
+        n("usableUntil").max(0),
+        n("healthCheckedAt"),
+        s("host"),
+        s("port"),
+        s("username"),
+        s("password"),
+        s("epoch"),
+        s("active"),
+        s("reserved"),
+        s("owner"),
+    );
+    (record, loc, d)
+}
+
+/// Writes a record straight into Redis, bypassing the scripts, as a damaged
+/// or racing pool could hold it: the record, its index entry (with the
+/// counters and heads the scripts would keep for it) and its `due` entry,
+/// each optional.
+pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
+    use proxy_pool::pool::keys;
+    let (record, loc, d) = encode_record(h, rec);
+    let id = text(&rec["id"]);
+    let mut conn = h.redis().await;
     let mut pipe = redis::pipe();
     if what.record {
-        let (mut details, mut state) = (serde_json::Map::new(), serde_json::Map::new());
-        for (k, v) in rec.as_object().unwrap() {
-            let into = if proxy_pool::pool::keys::DETAIL_FIELDS.contains(&k.as_str()) {
-                &mut details
-            } else {
-                &mut state
-            };
-            into.insert(k.clone(), v.clone());
-        }
-        pipe.hset(keys::PROXIES, &id, Value::Object(details).to_string())
-            .ignore()
-            .hset(keys::STATE, &id, Value::Object(state).to_string())
-            .ignore();
+        pipe.hset(keys::RECORDS, &id, &record).ignore();
     }
     if what.index {
-        let loc = format!("{p}|{r}|{c}|{u}|{e}|{id}");
-        // The deadline under the harness's pool policy (lua/prelude.lua).
-        let policy = h.pool.policy();
-        let until = rec["usableUntil"].as_i64().unwrap_or(expires);
-        let checked = rec["healthCheckedAt"].as_i64().unwrap_or(0);
-        let d = until
-            .min(expires - (policy.min_remaining_ttl.as_millis() as i64).max(1) + 1)
-            .min(checked + policy.max_health_check_age.as_millis() as i64 + 1);
-        let tail = format!("{d:013}|{e}|{id}");
-        let atom = format!("{p}|{r}|{c}|{u}|");
-        pipe.zadd(keys::IX_POOL, format!("{e}|{id}\t{p}|{r}|{c}|{u}"), 0)
-            .ignore()
-            .zadd(keys::IX_REGION, format!("{r}|{e}|{id}\t{p}|{c}|{u}"), 0)
-            .ignore()
-            .zadd(keys::IX_KIND, format!("{p}|{c}|{u}|{e}|{id}\t{r}"), 0)
-            .ignore()
-            .zadd(keys::IX_ATOM, &loc, 0)
-            .ignore()
-            .zadd(keys::IX_LIVE, format!("{e}|{id}\t{p}|{r}|{c}|{u}"), d)
-            .ignore()
-            .zadd(keys::IX_DREGION, format!("{r}|{tail}"), 0)
-            .ignore()
-            .zadd(keys::IX_DKIND, format!("{p}|{c}|{u}|{tail}"), 0)
-            .ignore()
-            .zadd(keys::IX_DATOM, format!("{atom}{tail}"), 0)
-            .ignore()
-            .hincr(keys::IX_ATOMS, &atom, 1)
-            .ignore();
-        let mut conn = h.redis().await;
-        let known: bool = redis::cmd("HEXISTS")
-            .arg(keys::IX_ATOMS)
+        let parts: Vec<&str> = loc.split('|').collect();
+        let atom = parts[..4].join("|");
+        let key = format!("{}|{}", parts[4], parts[5]);
+        let (p, r, c, u) = (parts[0], parts[1], parts[2], parts[3]);
+        let old: Option<String> = redis::cmd("HGET")
+            .arg(keys::COUNTS)
             .arg(&atom)
             .query_async(&mut conn)
             .await
             .unwrap();
-        if !known {
-            for (key, value) in [
-                (keys::IX_PROTOCOLS, p.clone()),
-                (keys::IX_REGIONS, r.clone()),
-                (keys::IX_CARRIERS, c.clone()),
-                (keys::IX_UPSTREAMS, u.clone()),
-                (keys::IX_KINDS, format!("{p}|{c}|{u}")),
-            ] {
-                pipe.hincr(key, value, 1).ignore();
+        let (n, head) = match old.as_deref().and_then(|o| o.split_once('|')) {
+            Some((n, head)) => (n.parse::<u64>().unwrap_or(0), Some(head.to_owned())),
+            None => (0, None),
+        };
+        let heads = |k: &str| {
+            let tail = format!("{k}|{atom}");
+            [
+                format!("G|{tail}"),
+                format!("P|{p}|{tail}"),
+                format!("R|{p}|{r}|{tail}"),
+                format!("C|{p}|{c}|{tail}"),
+                format!("U|{p}|{u}|{tail}"),
+            ]
+        };
+        let new_head = match &head {
+            Some(h) if h.as_str() < key.as_str() => h.clone(),
+            _ => key.clone(),
+        };
+        if head.as_deref() != Some(new_head.as_str()) {
+            if let Some(old) = &head {
+                for m in heads(old) {
+                    pipe.zrem(keys::HEADS, m).ignore();
+                }
+            }
+            for m in heads(&new_head) {
+                pipe.zadd(keys::HEADS, m, 0).ignore();
             }
         }
+        pipe.zadd(keys::INDEX, &loc, 0)
+            .ignore()
+            .zadd(keys::DUE, &loc, d)
+            .ignore()
+            .hset(keys::COUNTS, &atom, format!("{}|{new_head}", n + 1))
+            .ignore();
+        // Grouping counters "<entries>|<combinations with a head>".
+        for g in [
+            format!("P|{p}"),
+            format!("R|{p}|{r}"),
+            format!("C|{p}|{c}"),
+            format!("U|{p}|{u}"),
+        ] {
+            let old: Option<String> = redis::cmd("HGET")
+                .arg(keys::COUNTS)
+                .arg(&g)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let (n, a) = old
+                .as_deref()
+                .and_then(|o| o.split_once('|'))
+                .map_or((0, 0), |(n, a)| {
+                    (n.parse::<u64>().unwrap_or(0), a.parse::<u64>().unwrap_or(0))
+                });
+            let a = a + u64::from(head.is_none());
+            pipe.hset(keys::COUNTS, g, format!("{}|{a}", n + 1))
+                .ignore();
+        }
+    } else if what.expiry {
+        let expires = rec["expiresAt"].as_i64().unwrap_or(0);
+        pipe.zadd(keys::DUE, &loc, 10_000_000_000_000i64 + expires)
+            .ignore();
     }
-    if what.expiry {
-        pipe.zadd(keys::EXPIRY, &id, expires).ignore();
-    }
-    let mut conn = h.redis().await;
     let _: () = pipe.query_async(&mut conn).await.unwrap();
 }
 
-/// The locators in the atom family (read raw: works on a damaged pool too).
+/// The locators in the index (read raw: works on a damaged pool too).
 pub async fn index_locators(h: &Harness) -> Vec<String> {
     let mut conn = h.redis().await;
     redis::cmd("ZRANGE")
-        .arg(proxy_pool::pool::keys::IX_ATOM)
+        .arg(proxy_pool::pool::keys::INDEX)
         .arg(0)
         .arg(-1)
         .query_async(&mut conn)
         .await
         .unwrap()
+}
+
+/// The status a stored record says (`lua/prelude/record.lua`): `AVAILABLE`,
+/// `CLAIMED`, `DRAINING`, `DRAINED`, `EXTRACTED` (a tombstone) or `?`.
+pub fn status_of(raw: &str) -> &'static str {
+    match raw.get(0..1) {
+        Some("A") => "AVAILABLE",
+        Some("C") => "CLAIMED",
+        Some("G") => "DRAINING",
+        Some("R") => "DRAINED",
+        Some("X") => "EXTRACTED",
+        _ => "?",
+    }
 }

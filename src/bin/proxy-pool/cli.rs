@@ -270,7 +270,8 @@ pub struct TargetArgs {
     pub id: String,
 }
 
-/// `health`.
+/// `health` (the id `-`: results as JSON lines from standard input,
+/// `{"id":…,"ok":true,"checkedAt":"<RFC 3339>"}`, recorded in batches).
 #[derive(Args)]
 pub struct HealthArgs {
     #[command(flatten)]
@@ -384,11 +385,8 @@ pub struct BenchArgs {
     /// (default: these four), or adversarial: the costliest legal
     /// requests (none first, then regions64-proto, regions64-car-up,
     /// regions16-every, invented-regions, invented-every,
-    /// restricted-client, seed-example, all-but-one, most-slices), or
-    /// slices: plans of 64 combinations, half the planner's limit, the
-    /// limit and twice it (refused), every dimension restricted (none,
-    /// slices-64, slices-half, most-slices, slices-over); any of them also
-    /// by name.
+    /// restricted-client, seed-example, all-but-one, multi-worst,
+    /// protocol-only, regions2-carrier); any of them also by name.
     #[arg(long, value_delimiter = ',', value_parser = FilterSet::parse)]
     pub filters: Vec<FilterSet>,
     /// Proxies per request (e.g. 1,10,100).
@@ -446,6 +444,12 @@ pub struct BenchArgs {
     /// Every request asks `allOrNothing` (default: partial).
     #[arg(long)]
     pub all_or_nothing: bool,
+    /// Fill in the adversarial order for the multi-worst filter: every
+    /// combination it does not match expires before every one it matches,
+    /// so each of their heads comes first and a multi-worst request skips
+    /// them all.
+    #[arg(long)]
+    pub adversarial_heads: bool,
     /// At most this many requests per second per cell, in all (default:
     /// as fast as the C tasks go).
     #[arg(long)]

@@ -118,6 +118,9 @@ pub struct Inventory {
     /// Every combination in the index, sorted by upstream, protocol,
     /// region, carrier.
     pub rows: Vec<Row>,
+    /// `false` when more entries were spent than one count reads, so that
+    /// `eligible` counts some spent ones too (the next prune sets it right).
+    pub exact: bool,
 }
 
 impl Inventory {
@@ -128,6 +131,7 @@ impl Inventory {
             at_ms: inventory.at_ms,
             held: inventory.held,
             rows: inventory.buckets.iter().map(row).collect(),
+            exact: inventory.exact,
         })
     }
 

@@ -33,6 +33,7 @@ pub async fn stats(args: StatsArgs) -> CliResult {
             "maxHealthCheckAgeSeconds": policy.max_health_check_age.as_secs(),
             "expiringWithinSeconds": EXPIRING_WITHIN.as_secs(),
             "heldByWorkers": inventory.held,
+            "exact": inventory.exact,
             "combinations": inventory.rows.len(),
             "buckets": inventory.rows,
         });
@@ -49,8 +50,13 @@ pub async fn stats(args: StatsArgs) -> CliResult {
         return Ok(());
     }
     say!(
-        "eligible {} ({policy}), expiring within 5 min {}, stale {} (past their deadline, until the next prune), held by Workers {}; indexed {} in {} combinations, at {}",
+        "eligible {}{} ({policy}), expiring within 5 min {}, stale {} (past their deadline, until the next prune), held by Workers {}; indexed {} in {} combinations, at {}",
         totals.eligible,
+        if inventory.exact {
+            ""
+        } else {
+            " or fewer (over 10,000 spent entries: prune first)"
+        },
         totals.expiring_within_5_minutes,
         totals.stale,
         inventory.held,
@@ -147,9 +153,10 @@ pub async fn prune(args: PoolArgs) -> CliResult {
     let (_, pool) = operator_pool(&args)?;
     let report = pool.prune_expired(MAX_PRUNE_BATCH, u32::MAX, None).await?;
     say!(
-        "pruned {} expired proxies and {} index entries in {} calls",
+        "pruned {} expired proxies and tombstones, {} spent index entries and {} idempotency records in {} calls",
         report.records,
         report.index_entries,
+        report.idempotency_records,
         report.batches
     );
     Ok(())

@@ -68,11 +68,13 @@ impl Ask {
 
 /// Redis counters read around a timed window.
 #[derive(Clone, Copy, Default)]
-struct ServerStats {
-    script_calls: u64,
+pub(super) struct ServerStats {
+    /// Script calls (`FCALL` and `EVALSHA`).
+    pub script_calls: u64,
     /// Of which by `FCALL`.
-    fcall_calls: u64,
-    script_usec: u64,
+    pub fcall_calls: u64,
+    /// Redis time in them, us.
+    pub script_usec: u64,
     cpu_seconds: f64,
 }
 
@@ -102,7 +104,8 @@ impl SlowCalls {
 }
 
 impl Bench {
-    async fn server_stats(&self) -> Result<ServerStats, BenchError> {
+    /// Redis's script counters now (`INFO cpu commandstats`).
+    pub(super) async fn server_stats(&self) -> Result<ServerStats, BenchError> {
         let info: String = redis::cmd("INFO")
             .arg("cpu")
             .arg("commandstats")

@@ -10,6 +10,7 @@ use proxy_pool::security::RedisRegistry;
 use proxy_pool::security::credentials::CredentialHash;
 use tokio::task::JoinSet;
 
+use super::filters::FilterShape;
 use super::report::human;
 use super::{Bench, BenchError};
 
@@ -81,18 +82,28 @@ impl Bench {
         let first = self.next_seq.fetch_add(n as u64, Ordering::Relaxed);
         let now = proxy_pool::clock::now_ms();
         let shape = self.shape();
+        // The adversarial order: what the multi-worst filter matches
+        // expires after everything it does not.
+        let matched = self
+            .adversarial_heads
+            .then(|| std::sync::Arc::new(FilterShape::MultiWorst.matcher(shape)));
         let mut tasks = JoinSet::new();
         let mut start = 0;
         while start < n || !tasks.is_empty() {
             while start < n && tasks.len() < FILL_IN_FLIGHT {
                 let len = FILL_CHUNK.min(n - start);
                 let pool = self.pool.clone();
+                let matched = matched.clone();
                 let from = first + start as u64;
                 tasks.spawn(async move {
                     let batch: Vec<NewProxy> = (from..from + len as u64)
                         .map(|seq| {
                             let mut p = synthetic_proxy(seq as usize, now, shape);
                             p.health_checked_at = checked_at.unwrap_or(now);
+                            if matched.as_ref().is_some_and(|m| m(&p)) {
+                                p.expires_at += 1_800_000;
+                                p.usable_until += 1_800_000;
+                            }
                             p
                         })
                         .collect();
@@ -124,7 +135,7 @@ impl Bench {
     /// Tops the index up to `target` entries.
     pub(super) async fn top_up(&self, target: usize) -> Result<(), BenchError> {
         let have: usize = redis::cmd("ZCARD")
-            .arg(keys::IX_POOL)
+            .arg(keys::INDEX)
             .query_async(&mut self.conn.clone())
             .await?;
         if have < target {

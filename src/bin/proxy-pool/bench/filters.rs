@@ -6,12 +6,10 @@
 //! shapes are the costliest requests the contract allows (at most 64
 //! values per filter array, protocols only http, https and socks5), built
 //! from what the synthetic pool holds ([`PoolShape`]) plus invented values;
-//! `--filters adversarial` names them all ([`FilterShape::ADVERSARIAL`]);
-//! `--filters slices` sweeps the size of the plan, every dimension
-//! restricted, from 64 combinations to twice the planner's limit
-//! ([`FilterShape::SLICES`]), to calibrate that limit.
+//! `--filters adversarial` names them all ([`FilterShape::ADVERSARIAL`]).
 
 use proxy_pool::local::PoolShape;
+use proxy_pool::pool::NewProxy;
 use serde::Serialize;
 
 use super::plan::ArgError;
@@ -20,9 +18,6 @@ use super::plan::ArgError;
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
 /// Most values one filter array may hold.
 const MOST: usize = 64;
-/// Most slices (combinations) the planner searches in one call:
-/// `MAX_SLICES` of `lua/extract.lua` (a unit test keeps them equal).
-const PLANNER_SLICES: usize = 256;
 
 /// Which filters every request of a cell carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -57,19 +52,16 @@ pub enum FilterShape {
     /// region.
     SeedExample,
     /// Adversarial h: every dimension names 63 of its existing values (all
-    /// but one where the pool has fewer than 64): the worst legal case for
-    /// the planner.
+    /// but one where the pool has fewer than 64).
     AllButOne,
-    /// Adversarial i: every dimension restricted (a strict subset of what
-    /// exists), as many combinations as the planner accepts
-    /// ([`PLANNER_SLICES`]): the largest plan answered.
-    MostSlices,
-    /// The same with at most 64 combinations.
-    Slices64,
-    /// At most half the planner's limit.
-    SlicesHalf,
-    /// At most twice the planner's limit: refused (what a refusal costs).
-    SlicesOver,
+    /// Adversarial i: region, carrier and upstream each name a little over
+    /// half of what exists (at most 64, a strict subset): the most heads a
+    /// walk may skip (9 x 14 x 14 on 16 x 2 x 25 x 25), all protocols.
+    MultiWorst,
+    /// Adversarial j: one protocol only (one dimension: never skips).
+    ProtocolOnly,
+    /// Adversarial k: two regions and one carrier.
+    Regions2Carrier,
 }
 
 /// One or more filter shapes, as `--filters` names them (`adversarial`
@@ -78,12 +70,10 @@ pub enum FilterShape {
 pub struct FilterSet(pub Vec<FilterShape>);
 
 impl FilterSet {
-    /// A shape's name, `adversarial` or `slices`.
+    /// A shape's name, or `adversarial`.
     pub fn parse(s: &str) -> Result<Self, ArgError> {
-        match s.trim() {
-            "adversarial" => return Ok(Self(FilterShape::ADVERSARIAL.to_vec())),
-            "slices" => return Ok(Self(FilterShape::SLICES.to_vec())),
-            _ => {}
+        if s.trim() == "adversarial" {
+            return Ok(Self(FilterShape::ADVERSARIAL.to_vec()));
         }
         FilterShape::parse(s).map(|f| Self(vec![f]))
     }
@@ -100,7 +90,7 @@ impl FilterShape {
 
     /// `--filters adversarial`: the unfiltered call first (the shapes'
     /// costs are read against it), then every adversarial shape.
-    pub const ADVERSARIAL: [Self; 10] = [
+    pub const ADVERSARIAL: [Self; 12] = [
         Self::None,
         Self::Regions64Proto,
         Self::Regions64CarUp,
@@ -110,17 +100,9 @@ impl FilterShape {
         Self::RestrictedClient,
         Self::SeedExample,
         Self::AllButOne,
-        Self::MostSlices,
-    ];
-
-    /// `--filters slices`: the unfiltered call, then plans of 64, half the
-    /// planner's limit, the limit and twice it, every dimension restricted.
-    pub const SLICES: [Self; 5] = [
-        Self::None,
-        Self::Slices64,
-        Self::SlicesHalf,
-        Self::MostSlices,
-        Self::SlicesOver,
+        Self::MultiWorst,
+        Self::ProtocolOnly,
+        Self::Regions2Carrier,
     ];
 
     /// A shape by its name ([`FilterShape::name`]).
@@ -128,7 +110,6 @@ impl FilterShape {
         Self::ALL
             .into_iter()
             .chain(Self::ADVERSARIAL)
-            .chain(Self::SLICES)
             .find(|f| f.name() == s.trim())
             .ok_or(ArgError::Filter)
     }
@@ -148,10 +129,9 @@ impl FilterShape {
             Self::RestrictedClient => "restricted-client",
             Self::SeedExample => "seed-example",
             Self::AllButOne => "all-but-one",
-            Self::MostSlices => "most-slices",
-            Self::Slices64 => "slices-64",
-            Self::SlicesHalf => "slices-half",
-            Self::SlicesOver => "slices-over",
+            Self::MultiWorst => "multi-worst",
+            Self::ProtocolOnly => "protocol-only",
+            Self::Regions2Carrier => "regions2-carrier",
         }
     }
 
@@ -175,6 +155,24 @@ impl FilterShape {
             "{{\"count\":{count},\"filters\":{{{}}}}}",
             filters.join(",")
         )
+    }
+
+    /// Whether a proxy passes this shape's filters (of its first request:
+    /// shapes that rotate their values over requests are matched at
+    /// their first), for the adversarial fill order.
+    pub(super) fn matcher(self, pool: PoolShape) -> impl Fn(&NewProxy) -> bool + Send + Sync {
+        let filters = self.filters(0, pool);
+        move |p: &NewProxy| {
+            filters.iter().all(|(name, values)| {
+                let value = match *name {
+                    "protocols" => &p.protocol,
+                    "regions" => &p.region,
+                    "carriers" => &p.carrier,
+                    _ => &p.upstream,
+                };
+                values.iter().any(|v| v == value)
+            })
+        }
     }
 
     /// The filter arrays of the `seq`th request, in body order.
@@ -248,21 +246,27 @@ impl FilterShape {
                     ("allowedUpstreams", real.upstreams(n(pool.upstreams))),
                 ]
             }
-            Self::MostSlices | Self::Slices64 | Self::SlicesHalf | Self::SlicesOver => {
-                let most = match self {
-                    Self::Slices64 => 64,
-                    Self::SlicesHalf => PLANNER_SLICES / 2,
-                    Self::SlicesOver => PLANNER_SLICES * 2,
-                    _ => PLANNER_SLICES,
+            Self::MultiWorst => {
+                // The same values in every request (the adversarial fill
+                // orders the heads against them).
+                let real = Real { pool, seq: 0 };
+                let n = |values: usize| {
+                    (values * 14)
+                        .div_ceil(25)
+                        .min(values.saturating_sub(1))
+                        .clamp(1, MOST)
                 };
-                let [p, r, c, u] = most_slices(pool, most);
                 vec![
-                    ("protocols", real.protocols(p)),
-                    ("regions", real.regions(r)),
-                    ("carriers", real.carriers(c)),
-                    ("allowedUpstreams", real.upstreams(u)),
+                    ("regions", real.regions(n(pool.regions))),
+                    ("carriers", real.carriers(n(pool.carriers))),
+                    ("allowedUpstreams", real.upstreams(n(pool.upstreams))),
                 ]
             }
+            Self::ProtocolOnly => vec![("protocols", vec![pool.protocol(i).to_owned()])],
+            Self::Regions2Carrier => vec![
+                ("regions", real.regions(2)),
+                ("carriers", vec![pool.carrier(i)]),
+            ],
         }
     }
 }
@@ -297,22 +301,6 @@ impl Real {
     }
 }
 
-/// Values to name per dimension (protocols, regions, carriers, upstreams)
-/// for a plan of at most `most` combinations: each a strict subset of what
-/// the pool holds where it holds more than one, at most 64, their product
-/// (the combinations named: a synthetic pool holds every one) at most
-/// `most`, the largest dimension shrunk first.
-fn most_slices(pool: PoolShape, most: usize) -> [usize; 4] {
-    let of = [pool.protocols, pool.regions, pool.carriers, pool.upstreams];
-    let mut n = of.map(|v| v.saturating_sub(1).clamp(1, MOST));
-    while n.iter().product::<usize>() > most {
-        if let Some(largest) = n.iter_mut().max() {
-            *largest -= 1;
-        }
-    }
-    n
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,11 +309,7 @@ mod tests {
     #[test]
     fn filter_shapes() {
         let shape = PoolShape::parse("2700").unwrap();
-        for f in FilterShape::ALL
-            .into_iter()
-            .chain(FilterShape::ADVERSARIAL)
-            .chain(FilterShape::SLICES)
-        {
+        for f in FilterShape::ALL.into_iter().chain(FilterShape::ADVERSARIAL) {
             assert_eq!(FilterShape::parse(f.name()), Ok(f));
             assert!(f.name().len() <= 17, "{}", f.name());
             let body: serde_json::Value = serde_json::from_str(&f.body(5, 123, shape)).unwrap();
@@ -375,30 +359,19 @@ mod tests {
         }
     }
 
-    /// The all-but-one and most-slices shapes name what the issue asks of
-    /// them on the two envelope compositions.
+    /// The all-but-one and multi-dimension shapes name what the issue asks
+    /// of them on the two envelope compositions.
     #[test]
-    fn planner_shapes() {
+    fn multi_dimension_shapes() {
         let city = PoolShape::parse("3x400x3x5").unwrap();
         let counts = |f: FilterShape, pool| -> Vec<usize> {
             f.filters(7, pool).iter().map(|(_, v)| v.len()).collect()
         };
         assert_eq!(counts(FilterShape::AllButOne, city), [2, 63, 2, 4]);
-        assert_eq!(most_slices(city, 512), [2, 32, 2, 4]);
-        assert_eq!(most_slices(city, 256), [2, 16, 2, 4]);
-        assert_eq!(most_slices(city, 128), [2, 8, 2, 4]);
+        assert_eq!(counts(FilterShape::MultiWorst, city), [64, 2, 3]);
         let kinds = PoolShape::parse("2x16x25x25").unwrap();
         assert_eq!(counts(FilterShape::AllButOne, kinds), [1, 15, 24, 24]);
-        assert_eq!(most_slices(kinds, 512).iter().product::<usize>(), 512);
-        assert_eq!(
-            FilterSet::parse("slices").unwrap().0.last(),
-            Some(&FilterShape::SlicesOver)
-        );
-        let script = include_str!("../../../../lua/extract.lua");
-        assert!(
-            script.contains(&format!("local MAX_SLICES = {PLANNER_SLICES}\n")),
-            "PLANNER_SLICES is MAX_SLICES of lua/extract.lua"
-        );
+        assert_eq!(counts(FilterShape::MultiWorst, kinds), [9, 14, 14]);
         assert_eq!(counts(FilterShape::Regions16Every, kinds), [3, 16, 64, 64]);
         assert_eq!(counts(FilterShape::RestrictedClient, city), [64, 1]);
     }

@@ -64,6 +64,7 @@ mod plan;
 mod replicas;
 mod report;
 mod stall;
+mod writers;
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -162,6 +163,7 @@ pub async fn command(args: BenchArgs) -> CliResult {
         vec![ScriptCalls::Fcall]
     };
     plan.all_or_nothing = args.all_or_nothing;
+    plan.adversarial_heads = args.adversarial_heads;
     plan.pace = args.pace;
     plan.ping_every_ms = args.ping_every_ms.unwrap_or(plan.ping_every_ms);
     if let Some(rate) = &args.client_rate {
@@ -290,6 +292,7 @@ struct Bench {
     progress: Progress,
     idempotency: bool,
     registry_clients: usize,
+    adversarial_heads: bool,
     shape: std::sync::Mutex<PoolShape>,
     /// Another client's `PING` (with `ping_every_ms`).
     pinger: Option<Pinger>,
@@ -367,6 +370,7 @@ impl Bench {
             progress,
             idempotency: plan.idempotency,
             registry_clients: plan.registry_clients,
+            adversarial_heads: plan.adversarial_heads,
             shape: std::sync::Mutex::new(PoolShape::SMALL),
             pinger: match plan.ping_every_ms {
                 0 => None,
@@ -411,8 +415,10 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
                 ),
             );
             let started = Instant::now();
+            let before = bench.server_stats().await?;
             bench.add(n, true, None).await?;
             let seconds = started.elapsed().as_secs_f64();
+            let fill_usec = bench.server_stats().await?.script_usec - before.script_usec;
             bench.progress.note(format!(
                 "filled {} proxies over {} combinations in {seconds:.1} s ({:.0}/s)",
                 human(n),
@@ -424,12 +430,24 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Repor
                 .query_async(&mut bench.conn.clone())
                 .await?;
             let used = info_field(&memory, "used_memory").and_then(|v| v.parse::<f64>().ok());
+            let writers = bench.writers(n, fill_usec).await?;
+            bench.progress.note(format!(
+                "writers, Redis time a proxy: fill {:.1} us, refresh {:.1} us, health result {:.1} us in batches ({:.1} us alone): recording {} proxies within {} s takes {:.1}% of Redis",
+                writers.fill_us,
+                writers.refresh_us,
+                writers.health_batched_us,
+                writers.health_single_us,
+                human(n),
+                writers::HEALTH_AGE.as_secs(),
+                100.0 * writers.health_share
+            ));
             fills.push(Fill {
                 pool: n,
                 combinations: shape,
                 seconds,
                 per_sec: n as f64 / seconds,
                 redis_bytes_per_proxy: used.map(|b| b / n as f64),
+                writers,
             });
             bench.register_clients().await?;
             let total = plan.filters.len()

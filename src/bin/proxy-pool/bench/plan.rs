@@ -76,6 +76,9 @@ pub struct Plan {
     pub http: bool,
     /// Every request asks `allOrNothing` (else partial, the default).
     pub all_or_nothing: bool,
+    /// Fill so that the multi-worst filter's non-matching combinations
+    /// expire first (their heads ahead of every matching one).
+    pub adversarial_heads: bool,
     /// Requests per second of a cell, in all (none: as fast as they go).
     pub pace: Option<f64>,
     /// The per-client rate limit, `RATE[:BURST]` (none: rate limits off).
@@ -160,6 +163,7 @@ impl Plan {
             registry_clients: 0,
             http: false,
             all_or_nothing: false,
+            adversarial_heads: false,
             pace: None,
             client_rate: None,
             ping_every_ms: 1,
@@ -188,7 +192,7 @@ impl Plan {
 pub enum ArgError {
     /// Not a filter shape.
     #[error(
-        "filters are none, region, region-carrier, protocol-upstream, or adversarial (none, regions64-proto, regions64-car-up, regions16-every, invented-regions, invented-every, restricted-client, seed-example, all-but-one, most-slices), slices (none, slices-64, slices-half, most-slices, slices-over), or any of those by name"
+        "filters are none, region, region-carrier, protocol-upstream, or adversarial (none, regions64-proto, regions64-car-up, regions16-every, invented-regions, invented-every, restricted-client, seed-example, all-but-one, multi-worst, protocol-only, regions2-carrier), or any of those by name"
     )]
     Filter,
     /// Not a pool size.

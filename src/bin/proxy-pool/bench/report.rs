@@ -157,6 +157,8 @@ pub struct Fill {
     pub per_sec: f64,
     /// Redis `used_memory` after the fill divided by N (records, index, all keys).
     pub redis_bytes_per_proxy: Option<f64>,
+    /// What each writer costs Redis a proxy, measured on this pool.
+    pub writers: super::writers::Writers,
 }
 
 /// The outcome of a run.
@@ -349,16 +351,23 @@ impl Report {
             }
         );
         for f in &self.fills {
+            let w = &f.writers;
             let _ = writeln!(
                 out,
-                "fill N={} over {} combinations ({}): {:.1} s ({:.0} proxies/s), Redis memory {} bytes per proxy",
+                "fill N={} over {} combinations ({}): {:.1} s ({:.0} proxies/s), Redis memory {} bytes per proxy; Redis time a proxy: fill {:.1} us ({:.0}/s), refresh {:.1} us, health result {:.1} us batched / {:.1} us alone (every proxy within 120 s: {:.1}% of Redis)",
                 human(f.pool),
                 f.combinations.combinations(),
                 f.combinations,
                 f.seconds,
                 f.per_sec,
                 f.redis_bytes_per_proxy
-                    .map_or("-".to_owned(), |b| format!("{b:.0}"))
+                    .map_or("-".to_owned(), |b| format!("{b:.0}")),
+                w.fill_us,
+                1e6 / w.fill_us.max(1e-9),
+                w.refresh_us,
+                w.health_batched_us,
+                w.health_single_us,
+                100.0 * w.health_share
             );
         }
         let replicated = self.plan.replicas > 0;

@@ -18,7 +18,7 @@
 //! * another client's `PING` every millisecond ([`super::pinger::Pinger`]);
 //!
 //! and prints, per second: extractions, p50/p99/max latency, the status
-//! mix, the backlog left (`ZCOUNT {pp}:ix:live -inf now`: spent entries not
+//! mix, the backlog left (`ZCOUNT {pp}:v2:due -inf now`: spent entries not
 //! yet pruned), the eligible count, what the prune removed and the slowest
 //! `PING`.
 //!
@@ -69,9 +69,9 @@ pub struct Second {
     /// Answers by HTTP status (0: no answer).
     pub statuses: BTreeMap<u16, usize>,
     /// Spent index entries not yet pruned at its end
-    /// (`ZCOUNT {pp}:ix:live -inf now`).
+    /// (`ZCOUNT {pp}:v2:due -inf now`).
     pub backlog: u64,
-    /// Index entries eligible at its end (`ZCOUNT {pp}:ix:live (now +inf`).
+    /// Index entries eligible at its end (`ZCOUNT {pp}:v2:due (now (1e13`).
     pub eligible: u64,
     /// Fresh proxies the Controller added in it.
     pub added: u64,
@@ -204,7 +204,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
     let fill_seconds = started.elapsed().as_secs_f64();
     let fill_end_ms = proxy_pool::clock::now_ms();
     let indexed: u64 = redis::cmd("ZCARD")
-        .arg(keys::IX_LIVE)
+        .arg(keys::INDEX)
         .query_async(&mut bench.conn.clone())
         .await?;
     if fill_end_ms + (stall.lead_seconds as i64) * 1000 >= stall_ms || indexed != n as u64 {
@@ -257,13 +257,13 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
         let mut conn = bench.conn.clone();
         let (backlog, eligible): (u64, u64) = redis::pipe()
             .cmd("ZCOUNT")
-            .arg(keys::IX_LIVE)
+            .arg(keys::DUE)
             .arg("-inf")
             .arg(now)
             .cmd("ZCOUNT")
-            .arg(keys::IX_LIVE)
+            .arg(keys::DUE)
             .arg(format!("({now}"))
-            .arg("+inf")
+            .arg("(10000000000000")
             .query_async(&mut conn)
             .await?;
         let pings = pinger.take();

@@ -1,0 +1,124 @@
+-- prelude/base.lua: what every pool script shares before it reads a record:
+-- the pool's keys, the one clock (Redis TIME), and the pool's meta (layout
+-- version and policy). The prelude heads the function library (loaded once
+-- by FUNCTION LOAD, so its definitions are made once, not per call) and is
+-- joined in front of each pool script run by EVALSHA where Functions are
+-- refused (src/pool/scripts.rs). Its top level only defines.
+--
+-- Every pool key shares the hash tag {pp} and the layout prefix v2:
+--   {pp}:v2:rec    HASH  id -> the proxy's record (prelude/record.lua)
+--   {pp}:v2:due    ZSET  locator -> when the record next needs attention:
+--                        its deadline D while indexed (band 0, D < 1e13),
+--                        1e13 + its expiry otherwise (band 1)
+--   {pp}:v2:ax     ZSET  (lex) locator: every indexed proxy, one slice per
+--                        combination, in expiry order
+--   {pp}:v2:hd     ZSET  (lex) the head of every combination with indexed
+--                        proxies, in five groupings (prelude/index.lua)
+--   {pp}:v2:cnt    HASH  counts and heads per combination and per grouping
+--                        value; "meta" -> "<layout>|<A ms>|<m ms>"
+--   {pp}:v2:idem   HASH  sha256(client, Idempotency-Key) -> a committed result
+--   {pp}:v2:idemx  ZSET  the same field -> when it stops being in force
+-- None of them carries a TTL: under a volatile-* eviction policy Redis can
+-- evict only keys that have one. What expires is removed by the scripts.
+
+-- The library functions every script uses, as locals (upvalues are the
+-- cheapest names Lua has). A function library's top level runs where only
+-- redis.register_function exists, so they are bound by the first call.
+-- (Lua's own base functions, tonumber and the like, stay globals.)
+local sub, byte, find, match, gmatch, concat, sort
+local floor, max, min, call, pcall_redis
+local function bind_lua()
+  sub, byte, find, match, gmatch = string.sub, string.byte, string.find, string.match, string.gmatch
+  concat, sort = table.concat, table.sort
+  floor, max, min = math.floor, math.max, math.min
+  call, pcall_redis = redis.call, redis.pcall
+end
+
+-- The pool keys by name, bound to the call's KEYS[1..7] in this order by
+-- bind_keys, the first thing every pool script does.
+local K = {}
+local POOL_KEYS = {'rec', 'due', 'ax', 'hd', 'cnt', 'idem', 'idemx'}
+local POOL_KEY_COUNT = 7
+local function bind_keys(keys)
+  if not call then bind_lua() end
+  for i = 1, POOL_KEY_COUNT do K[POOL_KEYS[i]] = keys[i] end
+end
+
+-- This layout's version, recorded in the meta field with the policy.
+local LAYOUT = '2'
+-- Most arguments sent to one command (Lua's unpack limit is ~8000).
+local CHUNK = 1000
+local MAX_MS = 9999999999999
+local MAX_COUNT = 1000
+local ZEROS = '0000000000000'
+-- The first score of band 1 (not indexed), as an exclusive bound.
+local BAND1 = '(10000000000000'
+
+-- The clock of the current call: NOW (ms, a number) and NOW13 (13 digits).
+local NOW, NOW13
+local function clock()
+  local t = call('TIME')
+  NOW13 = t[1] .. sub('00000' .. t[2], -6, -4)
+  NOW = tonumber(NOW13)
+  return NOW
+end
+
+-- 13 digits of a non-negative integer (more when it is 1e13 or over).
+local function pad13(n)
+  local s = tostring(n)
+  if #s >= 13 then return s end
+  return sub(ZEROS, 1, 13 - #s) .. s
+end
+
+local function is_int(v, lo, hi)
+  return type(v) == 'number' and v == floor(v) and v >= lo and v <= hi
+end
+
+-- The pool policy of the current call: maxHealthCheckAge A, minRemainingTTL
+-- m and M1 = max(m, 1) (ms), from the caller's "<A>|<m>" (ARGV[1]).
+local POLICY, POLICY_A, POLICY_M, M1
+local function read_policy(arg)
+  local a, m = match(arg or '', '^(%d+)|(%d+)$')
+  a, m = tonumber(a), tonumber(m)
+  if not (is_int(a, 0, MAX_MS) and is_int(m, 0, MAX_MS)) then
+    error({err = 'ERR bad pool policy argument'})
+  end
+  POLICY, POLICY_A, POLICY_M, M1 = arg, a, m, max(m, 1)
+end
+
+-- Checks the pool's meta field (nil when the pool has none yet) against
+-- this layout and the caller's policy, before anything is written: another
+-- layout raises "LAYOUT <its version>", another policy "POLICY <its A>|<m>".
+-- Returns the meta value the pool should record (nil when it has it).
+local function check_meta(meta)
+  local want = LAYOUT .. '|' .. POLICY
+  if not meta then return want end
+  if meta == want then return nil end
+  local layout, rest = match(meta, '^([^|]*)|(.*)$')
+  if layout ~= LAYOUT then error({err = 'LAYOUT ' .. (layout or meta)}) end
+  error({err = 'POLICY ' .. rest})
+end
+
+-- A command over a long argument list, in chunks: `head` are its first
+-- arguments (key, ...), `args` the rest, `step` how many belong together.
+local function chunked(command, key, args, step)
+  local n = #args
+  if n == 0 then return end
+  local size = CHUNK - CHUNK % step
+  for i = 1, n, size do
+    call(command, key, unpack(args, i, min(i + size - 1, n)))
+  end
+end
+
+-- The same, returning the replies joined (for reads).
+local function chunked_read(command, key, args)
+  local n = #args
+  if n == 0 then return {} end
+  if n <= CHUNK then return call(command, key, unpack(args)) end
+  local out = {}
+  for i = 1, n, CHUNK do
+    local part = call(command, key, unpack(args, i, min(i + CHUNK - 1, n)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
+end

@@ -1,0 +1,295 @@
+-- prelude/index.lua: the index over the records, and the writes every
+-- script collects while it reads and applies at its end.
+--
+-- A record is indexed when it is indexable (prelude/record.lua) as it is
+-- written; then:
+--   due  scores its locator by its deadline D (band 0: "counted"); a record
+--        that is not indexed, a tombstone included, has 1e13 + its expiry
+--        (band 1)
+--   ax   holds its locator "<p>|<r>|<c>|<u>|<expiry>|<id>": the slice of its
+--        combination ("atom" "<p>|<r>|<c>|<u>") in expiry order, then id
+--   cnt  counts it: "<atom>" -> "<n>|<head>" (n its entries in band 0, head
+--        "<expiry>|<id>" the first of its slice in ax, "" when none), and
+--        "P|<p>", "R|<p>|<r>", "C|<p>|<c>", "U|<p>|<u>" -> "<n>|<a>" (a the
+--        combinations of that grouping value with a head)
+--   hd   holds the head of its atom once per grouping, so a request walks
+--        the atoms of what it names in head order:
+--          G|<head>|<atom>          every atom
+--          P|<p>|<head>|<atom>      by protocol
+--          R|<p>|<r>|<head>|<atom>  by (protocol, region)
+--          C|<p>|<c>|<head>|<atom>  by (protocol, carrier)
+--          U|<p>|<u>|<head>|<atom>  by (protocol, upstream)
+-- Time alone writes nothing: an indexed record whose D passes stays counted,
+-- "spent". A walk that passes it takes it out of ax only (a trim of the
+-- slice's head, cheap); a drain (the prune, a count that must subtract too
+-- many) moves it to band 1, out of the counts. So ax holds every counted
+-- entry whose D is ahead, and some spent ones; band 0 less ax is spent.
+-- Heads are exact: every write that changes an atom's first entry in ax
+-- rewrites its five members in the same call.
+
+local GROUPING_LETTERS = {'P', 'R', 'C', 'U'}
+local ATOM = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$'
+
+-- The four grouping counter fields of an atom's parts.
+local function grouping_fields(p, r, c, u)
+  return 'P|' .. p, 'R|' .. p .. '|' .. r, 'C|' .. p .. '|' .. c, 'U|' .. p .. '|' .. u
+end
+
+-- Pushes the five hd members of an atom (parts p, r, c, u) with head k,
+-- each after a score "0" when `scored` (a ZADD's arguments).
+local function push_heads(list, atom, p, r, c, u, k, scored)
+  local tail = k .. '|' .. atom
+  local members = {'G|' .. tail, 'P|' .. p .. '|' .. tail, 'R|' .. p .. '|' .. r .. '|' .. tail,
+                   'C|' .. p .. '|' .. c .. '|' .. tail, 'U|' .. p .. '|' .. u .. '|' .. tail}
+  local n = #list
+  for i = 1, 5 do
+    if scored then
+      list[n + 1] = '0'
+      n = n + 1
+    end
+    list[n + 1] = members[i]
+    n = n + 1
+  end
+end
+
+-- The writes of one call, applied by `apply` after every read.
+local function new_writes()
+  return {due_set = {}, due_rem = {}, ax_ranges = {}, ax_rem = {}, ax_add = {}, rec_set = {},
+          rec_del = {}, cnt_set = {}, cnt_del = {}, hd_rem = {}, hd_add = {}}
+end
+
+local function push2(list, a, b)
+  local n = #list
+  list[n + 1] = a
+  list[n + 2] = b
+end
+
+-- Index changes of one call, by atom: {delta (of its count), rem (keys
+-- removed from ax), nrem, add (the least key added to ax), next (the first
+-- entry of ax that stays, when the caller knows it: a key, or false)}.
+local function new_changes()
+  return {order = {}, by = {}}
+end
+
+local function touch(ix, atom)
+  local a = ix.by[atom]
+  if not a then
+    a = {atom = atom, delta = 0, nrem = 0}
+    ix.by[atom] = a
+    ix.order[#ix.order + 1] = a
+  end
+  return a
+end
+
+-- An entry (key "<expiry>|<id>") leaves the atom's slice in ax; `counted`:
+-- it leaves band 0 too (its count goes down).
+local function ix_remove(ix, atom, key, counted)
+  local a = touch(ix, atom)
+  if counted then a.delta = a.delta - 1 end
+  if not a.rem then a.rem = {} end
+  if not a.rem[key] then
+    a.rem[key] = true
+    a.nrem = a.nrem + 1
+  end
+end
+
+-- An entry joins (or stays in) the atom's slice in ax; `counted`: it joins
+-- band 0 too (its count goes up).
+local function ix_add(ix, atom, key, counted)
+  local a = touch(ix, atom)
+  if counted then a.delta = a.delta + 1 end
+  if not a.add or key < a.add then a.add = key end
+end
+
+-- The caller knows the first entry of the atom left after its removals.
+local function ix_next(ix, atom, key)
+  local a = ix.by[atom]
+  if a then a.next = key end
+end
+
+-- The first entry of an atom's slice that this call does not remove (nil
+-- for none): read from ax, before any write.
+local function probe_survivor(a)
+  local prefix = a.atom .. '|'
+  local page = call('ZRANGEBYLEX', K.ax, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, a.nrem + 1)
+  local from = #prefix + 1
+  for i = 1, #page do
+    local key = sub(page[i], from)
+    if not (a.rem and a.rem[key]) then return key end
+  end
+  return nil
+end
+
+-- Plans the counts and heads that follow the call's index changes (reading
+-- cnt, and ax where an atom's new head is not known), into `w`. `extra`:
+-- more cnt fields to read in the same HMGET. Returns the meta field and the
+-- extra fields' values (by name). Nothing here writes.
+local function plan_index(ix, w, extra)
+  local fields, at = {'meta'}, {}
+  for i = 1, #(extra or {}) do
+    local f = extra[i]
+    if not at[f] then fields[#fields + 1] = f; at[f] = #fields end
+  end
+  local order = ix.order
+  for i = 1, #order do
+    local a = order[i]
+    a.p, a.r, a.c, a.u = match(a.atom, ATOM)
+    if a.p then
+      fields[#fields + 1] = a.atom
+      a.at = #fields
+      local gp, gr, gc, gu = grouping_fields(a.p, a.r, a.c, a.u)
+      a.g = {gp, gr, gc, gu}
+      for j = 1, 4 do
+        local f = a.g[j]
+        if not at[f] then fields[#fields + 1] = f; at[f] = #fields end
+      end
+    end
+  end
+  local values = chunked_read('HMGET', K.cnt, fields)
+  local moved, moved_order = {}, {}
+  for i = 1, #order do
+    local a = order[i]
+    if a.p then
+      local old = values[a.at]
+      local n_old, k_old = 0, nil
+      if old then
+        local n, k = match(old, '^(%d+)|(.*)$')
+        n_old = tonumber(n) or 0
+        if k and k ~= '' then k_old = k end
+      end
+      local survivor
+      if a.fix then
+        -- Its heads disagreed with ax (damage): the truth is read.
+        if a.next ~= nil then survivor = a.next or nil else survivor = probe_survivor(a) end
+      elseif k_old and not (a.rem and a.rem[k_old]) then
+        survivor = k_old
+      elseif a.next ~= nil then
+        survivor = a.next or nil
+      elseif k_old then
+        survivor = probe_survivor(a)
+      end
+      local head = survivor
+      if a.add and (not head or a.add < head) then head = a.add end
+      local n_new = max(0, n_old + a.delta)
+      local new = (n_new > 0 or head) and (n_new .. '|' .. (head or '')) or nil
+      if new ~= old then
+        if new then push2(w.cnt_set, a.atom, new) else w.cnt_del[#w.cnt_del + 1] = a.atom end
+      end
+      if head ~= k_old or a.fix then
+        if k_old then push_heads(w.hd_rem, a.atom, a.p, a.r, a.c, a.u, k_old) end
+        if head then push_heads(w.hd_add, a.atom, a.p, a.r, a.c, a.u, head, true) end
+      end
+      local dn = n_new - n_old
+      local da = (head and 1 or 0) - (k_old and 1 or 0)
+      if dn ~= 0 or da ~= 0 then
+        for j = 1, 4 do
+          local f = a.g[j]
+          local m = moved[f]
+          if not m then
+            m = {0, 0}
+            moved[f] = m
+            moved_order[#moved_order + 1] = f
+          end
+          m[1], m[2] = m[1] + dn, m[2] + da
+        end
+      end
+    end
+  end
+  for i = 1, #moved_order do
+    local f = moved_order[i]
+    local m = moved[f]
+    if m[1] ~= 0 or m[2] ~= 0 then
+      local n, c = match(values[at[f]] or '0|0', '^(%d+)|(%d+)$')
+      n = max(0, (tonumber(n) or 0) + m[1])
+      c = max(0, (tonumber(c) or 0) + m[2])
+      if n > 0 or c > 0 then push2(w.cnt_set, f, n .. '|' .. c) else w.cnt_del[#w.cnt_del + 1] = f end
+    end
+  end
+  local extras = {}
+  for f, i in pairs(at) do extras[f] = values[i] end
+  return values[1], extras
+end
+
+-- Applies the writes, in an order in which none can fail: `due` first, by
+-- redis.pcall (a script may write it without having read it: if it is of
+-- the wrong type, that is found before anything is written); every other
+-- key was read by a typed command before. Returns nil, or the error reply
+-- that refused the writes.
+local function apply(w)
+  local due = w.due_set
+  if #due > 0 then
+    local first = min(#due, CHUNK)
+    local reply = pcall_redis('ZADD', K.due, unpack(due, 1, first))
+    if type(reply) == 'table' and reply.err then return reply end
+    for i = first + 1, #due, CHUNK do
+      call('ZADD', K.due, unpack(due, i, min(i + CHUNK - 1, #due)))
+    end
+  end
+  chunked('ZREM', K.due, w.due_rem, 1)
+  local ranges = w.ax_ranges
+  for i = 1, #ranges, 2 do call('ZREMRANGEBYLEX', K.ax, ranges[i], ranges[i + 1]) end
+  chunked('ZREM', K.ax, w.ax_rem, 1)
+  chunked('ZADD', K.ax, w.ax_add, 2)
+  chunked('HDEL', K.rec, w.rec_del, 1)
+  chunked('HSET', K.rec, w.rec_set, 2)
+  chunked('HDEL', K.cnt, w.cnt_del, 1)
+  chunked('HSET', K.cnt, w.cnt_set, 2)
+  chunked('ZREM', K.hd, w.hd_rem, 1)
+  chunked('ZADD', K.hd, w.hd_add, 2)
+  return nil
+end
+
+-- Proves that `key` is a sorted set (or absent) before anything is written:
+-- a script that writes a key it has not read by a typed command checks it.
+local function expect_zset(key)
+  call('ZCARD', key)
+end
+
+-- Whether each live record among `records` (id -> a decoded record, a
+-- tombstone {tomb = locator} or false), for the ids `ids`, is indexed now:
+-- its locator is in band 0 of `due`. One ZMSCORE.
+local function indexed_now(records, ids)
+  local locs, at, out = {}, {}, {}
+  for i = 1, #ids do
+    local r = records[ids[i]]
+    if r and not r.tomb then
+      locs[#locs + 1] = r.loc
+      at[#locs] = ids[i]
+    end
+  end
+  if #locs == 0 then return out end
+  local scores = chunked_read('ZMSCORE', K.due, locs)
+  for i = 1, #locs do
+    local score = tonumber(scores[i])
+    out[at[i]] = score ~= nil and score < 1e13
+  end
+  return out
+end
+
+-- Plans the writes that move one record from `old` (a decoded record, a
+-- tombstone {tomb = locator} or false), counted in band 0 when `was`, to
+-- `new` (a decoded record, or nil: deleted): its field, its `due` entry, its
+-- index entry and the counts and heads that follow.
+local function move_record(w, ix, id, old, was, new)
+  local old_loc = old and (old.tomb or old.loc) or nil
+  local new_loc = new and new.loc or nil
+  local index = new and indexable(new)
+  local same = old_loc == new_loc
+  if old_loc and not same then w.due_rem[#w.due_rem + 1] = old_loc end
+  if was and (not index or not same) then
+    w.ax_rem[#w.ax_rem + 1] = old_loc
+    ix_remove(ix, old.p .. '|' .. old.r .. '|' .. old.c .. '|' .. old.u, old.e13 .. '|' .. id, true)
+  end
+  if not new then
+    w.rec_del[#w.rec_del + 1] = id
+    return
+  end
+  push2(w.rec_set, id, encode(new))
+  push2(w.due_set, index and new.d13 or ('1' .. new.e13), new_loc)
+  -- Into ax when it was not counted, or when it may have been passed as
+  -- spent by a walk (its deadline was not ahead).
+  if index and not (was and same and old.d13 > NOW13) then
+    push2(w.ax_add, '0', new_loc)
+    ix_add(ix, new.p .. '|' .. new.r .. '|' .. new.c .. '|' .. new.u, new.e13 .. '|' .. id, not (was and same))
+  end
+end

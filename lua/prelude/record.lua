@@ -1,0 +1,110 @@
+-- prelude/record.lua: one proxy's record, the one place its grammar lives.
+-- A record is one field of {pp}:v2:rec, the proxy id -> a fixed-format
+-- string (times are 13 digits of Unix ms):
+--
+--   live       <S><H><D><U><C><locator>\t<host>\t<port>\t<user>\t<pass>\t<epoch>\t<active>\t<reserved>\t<owner>
+--   tombstone  X<locator>
+--   locator    <protocol>|<region>|<carrier>|<upstream>|<expiresAt>|<id>
+--
+-- S the status: A AVAILABLE (no owner), C CLAIMED, G DRAINING, R DRAINED
+-- (Active = Reserved = 0); H the last health check: 1 passed, 0 failed;
+-- D the deadline under the pool policy; U usableUntil; C healthCheckedAt.
+-- user and pass are "" when the proxy has none. A tombstone is what is left
+-- of a proxy handed to a client: it never comes back before its expiry.
+-- Names (region, carrier, upstream) hold no "|" and no control character,
+-- ids only [A-Za-z0-9._:~-], hosts no whitespace: "\t" and "|" separate.
+--
+-- The deadline D is the instant the record stops being eligible unless
+-- something is written (rules 1, 3 and 4 in one comparison, `now < D`):
+--   D = min(U, expiresAt - max(m, 1) + 1, C + A + 1)
+-- A record is indexable when allocatable (S is A or R), healthy (H is 1)
+-- and its D is ahead; indexed records are in {pp}:v2:ax (prelude/index.lua).
+
+-- Where the locator starts in a live record (after S, H, D, U and C).
+local LOC_AT = 42
+local PROTOCOL = {http = true, https = true, socks5 = true}
+local D13 = '%d%d%d%d%d%d%d%d%d%d%d%d%d'
+local LIVE = '^([ACGR])([01])(' .. D13 .. ')(' .. D13 .. ')(' .. D13 .. ')([^\t]+)\t([^\t]*)\t(%d%d?%d?%d?%d?)\t'
+  .. '([^\t]*)\t([^\t]*)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)$'
+local LOCATOR = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(' .. D13 .. ')|([%w%._:~%-]+)$'
+
+-- p, r, c, u, expiry (13 digits), id; nil when `loc` is not a locator.
+local function split_locator(loc)
+  return match(loc, LOCATOR)
+end
+
+local function locator(p, r, c, u, e13, id)
+  return p .. '|' .. r .. '|' .. c .. '|' .. u .. '|' .. e13 .. '|' .. id
+end
+
+-- The combination "<p>|<r>|<c>|<u>" and the entry key "<expiry>|<id>" of a
+-- locator with id `id`.
+local function atom_of(loc, id)
+  return sub(loc, 1, #loc - #id - 15)
+end
+
+-- The deadline of a record (numbers, ms) under the call's policy.
+local function deadline(u, e, c)
+  local d = min(u, e - M1 + 1, c + POLICY_A + 1)
+  if d < 0 then return 0 end
+  return d
+end
+
+-- A live record as a table (nil if it is not one, or a tombstone):
+-- s, h, d13, u13, c13, loc, host, port, user, pass, epoch, active, reserved,
+-- owner (strings), and the locator's parts p, r, c, u, e13, id.
+local function decode(raw)
+  if not raw then return nil end
+  local s, h, d13, u13, c13, loc, host, port, user, pass, epoch, active, reserved, owner = match(raw, LIVE)
+  if not s then return nil end
+  local p, r, c, u, e13, id = split_locator(loc)
+  if not p or host == '' or tonumber(port) > 65535 then return nil end
+  return {s = s, h = h, d13 = d13, u13 = u13, c13 = c13, loc = loc, host = host, port = port,
+          user = user, pass = pass, epoch = epoch, active = active, reserved = reserved,
+          owner = owner, p = p, r = r, c = c, u = u, e13 = e13, id = id}
+end
+
+-- The tombstone's locator (nil if `raw` is not a tombstone).
+local function tombstone_locator(raw)
+  if raw and byte(raw, 1) == 88 then return sub(raw, 2) end
+  return nil
+end
+
+local function encode(t)
+  return t.s .. t.h .. t.d13 .. t.u13 .. t.c13 .. t.loc .. '\t' .. t.host .. '\t' .. t.port .. '\t'
+    .. t.user .. '\t' .. t.pass .. '\t' .. t.epoch .. '\t' .. t.active .. '\t' .. t.reserved
+    .. '\t' .. t.owner
+end
+
+-- Recomputes a decoded record's deadline from its U, expiry and C.
+local function set_deadline(t)
+  t.d13 = pad13(deadline(tonumber(t.u13), tonumber(t.e13), tonumber(t.c13)))
+end
+
+-- Belongs in the index at the call's clock: allocatable, healthy, D ahead.
+local function indexable(t)
+  return (t.s == 'A' or t.s == 'R') and t.h == '1' and t.d13 > NOW13
+end
+
+-- What extraction checks of a live record `raw` behind an index entry `loc`
+-- (its locator), at fixed offsets, without decoding it:
+--   1  eligible: allocatable, healthy, D ahead, exactly this locator, and
+--      details a client can be handed; then also the part handed out: the
+--      locator, host, port, user and password (none of the pool's state)
+--   2  spent: what the index says, but D has passed
+--   3  junk: not what the index says (damaged or planted from outside)
+local ELIGIBLE, SPENT, JUNK = 1, 2, 3
+local INDEXED_HEAD = '^[AR]1' .. D13
+local DETAILS = '^\t[^\t%s]+\t(%d%d?%d?%d?%d?)\t[^\t]*\t[^\t]*()\t%d+\t(%d+)\t(%d+)\t[^\t]*$'
+local function judge(raw, loc)
+  if not (raw and find(raw, INDEXED_HEAD) and find(raw, loc, LOC_AT, true) == LOC_AT) then
+    return JUNK
+  end
+  if sub(raw, 3, 15) <= NOW13 then return SPENT end
+  local port, cut, active, reserved = match(raw, DETAILS, LOC_AT + #loc)
+  if not port or tonumber(port) > 65535
+     or (byte(raw, 1) == 82 and (active ~= '0' or reserved ~= '0')) then
+    return JUNK
+  end
+  return ELIGIBLE, sub(raw, LOC_AT, cut - 1)
+end
