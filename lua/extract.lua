@@ -9,16 +9,16 @@
 -- ARGV[3]  fulfillment: "partial" or "allOrNothing"
 -- ARGV[4]  reserve: eligible proxies matching the filters to leave
 -- ARGV[5]  the request id, copied into the result
--- ARGV[6..9] filters on protocol, region, carrier, upstream: "*" does not
---          restrict; otherwise each allowed value preceded by "\n" (so ""
---          allows nothing and "\n" only the unknown "")
--- ARGV[10] idempotency field ("" without one): sha256(client, key), hex
--- ARGV[11] the request's digest (64 hex) ARGV[12] its window, ms
--- ARGV[13] "1": a replay rewrites its record (so a WAIT after the call
---          covers it; replica acknowledgement)
--- ARGV[14] usage client label ("" without counters), ARGV[15] hour A,
---          ARGV[16] hour B (Unix s of their starts), ARGV[17] their life after
---          the hour ends, s
+-- ARGV[6]  which groups of arguments follow, in this order: "f" the
+--          filters, "i" idempotency, "u" usage counters (e.g. "", "fi")
+-- then, for "f": the filters on protocol, region, carrier, upstream (four
+--          arguments): "*" does not restrict; otherwise each allowed value
+--          preceded by "\n" (so "" allows nothing and "\n" only the unknown "")
+--      for "i": the idempotency field, sha256(client, key) in hex; the
+--          request's digest (64 hex); its window, ms; "1": a replay rewrites
+--          its record (so a WAIT after the call covers it: replica acks)
+--      for "u": the usage client label; hour A and hour B (Unix s of their
+--          starts); their life after the hour ends, s
 -- Returns one of:
 --   {"ok", result}      committed; result is what a replay returns:
 --                       "<requestId>\n<count>\n<extractedAt ms>" then, per proxy
@@ -63,10 +63,16 @@ local SPENT_READ = 1000
 local SPENT_DRAIN = 256
 local PAGE_MAX = 1024
 local PROTOCOLS = {'http', 'https', 'socks5'}
+local NO_FILTERS = {}
+local G_RANGES = {'G|'}
 
 -- One filter argument: nil (no restriction) or {set, list} of its values.
 local function read_dim(arg)
   if arg == '*' then return nil end
+  if byte(arg, 1) == 10 and not find(arg, '\n', 2, true) then
+    local v = sub(arg, 2)                  -- one value, the common filter
+    return {set = {[v] = true}, list = {v}}
+  end
   local set, list = {}, {}
   for v in gmatch(arg or '', '\n([^\n]*)') do
     if not set[v] then
@@ -85,26 +91,37 @@ local function read_request(keys, argv)
           and (mode == 'partial' or mode == 'allOrNothing') and argv[5]) then
     error({err = 'ERR bad extraction request'})
   end
-  local X = {count = count, all = mode == 'allOrNothing', reserve = reserve, rid = argv[5]}
-  local fp = read_dim(argv[6])
-  if fp then
-    local known = {}
-    for i = 1, 3 do if fp.set[PROTOCOLS[i]] then known[#known + 1] = PROTOCOLS[i] end end
-    fp = #known < 3 and {set = fp.set, list = known} or nil
+  local X = {count = count, requested = argv[2], all = mode == 'allOrNothing', reserve = reserve,
+             rid = argv[5]}
+  local groups, at = argv[6] or '', 7
+  if find(groups, 'f', 1, true) then
+    -- Naming every protocol does not restrict; an unknown one matches nothing.
+    local fp = read_dim(argv[at])
+    if fp then
+      local known = {}
+      for i = 1, 3 do if fp.set[PROTOCOLS[i]] then known[#known + 1] = PROTOCOLS[i] end end
+      fp = #known < 3 and {set = fp.set, list = known} or nil
+    end
+    X.f = {fp, read_dim(argv[at + 1]), read_dim(argv[at + 2]), read_dim(argv[at + 3])}
+    at = at + 4
+  else
+    X.f = NO_FILTERS
   end
-  X.f = {fp, read_dim(argv[7]), read_dim(argv[8]), read_dim(argv[9])}
-  if argv[10] ~= '' then
-    local ttl = tonumber(argv[12])
-    if not (#argv[11] == 64 and is_int(ttl, 1, MAX_MS)) then error({err = 'ERR bad idempotency arguments'}) end
-    X.idem = {field = argv[10], digest = argv[11], ttl = ttl, touch = argv[13] == '1'}
+  if find(groups, 'i', 1, true) then
+    local ttl = tonumber(argv[at + 2])
+    if not (#(argv[at + 1] or '') == 64 and is_int(ttl, 1, MAX_MS)) then
+      error({err = 'ERR bad idempotency arguments'})
+    end
+    X.idem = {field = argv[at], digest = argv[at + 1], ttl = ttl, touch = argv[at + 3] == '1'}
+    at = at + 4
   end
-  if argv[14] ~= '' then
-    local a, b, life = tonumber(argv[15]), tonumber(argv[16]), tonumber(argv[17])
-    if not (keys[POOL_KEY_COUNT + 2] and #argv[14] <= 128 and not find(argv[14], '[|%c]')
+  if find(groups, 'u', 1, true) then
+    local client, a, b, life = argv[at], tonumber(argv[at + 1]), tonumber(argv[at + 2]), tonumber(argv[at + 3])
+    if not (keys[POOL_KEY_COUNT + 2] and client and #client <= 128 and not find(client, '[|%c]')
             and is_int(a, 0, MAX_MS) and is_int(b, 0, MAX_MS) and is_int(life, 0, MAX_MS)) then
       error({err = 'ERR bad usage arguments'})
     end
-    X.usage = {a = keys[POOL_KEY_COUNT + 1], b = keys[POOL_KEY_COUNT + 2], client = argv[14],
+    X.usage = {a = keys[POOL_KEY_COUNT + 1], b = keys[POOL_KEY_COUNT + 2], client = client,
                hour_a = a, hour_b = b, life = life}
   end
   X.t13 = pad13(min(NOW + M1, MAX_MS))   -- rule 3: expiry - now >= m (before it: spent)
@@ -140,6 +157,70 @@ local function matches(X, atom)
   return p ~= nil and matches_parts(X, p, r, c, u)
 end
 
+-- Two or more of region, carrier and upstream: the combinations the
+-- filters match are, per protocol, the product of each dimension's named
+-- values that exist (its whole value list when not restricted). When that
+-- product is no larger than the heads the best grouping would walk, they
+-- are enumerated instead (X.enumerate: per protocol, the values of R, C
+-- and U): looked up in cnt, never skipped.
+local DIMS = {'R', 'C', 'U'}
+local function plan_enumeration(X, protocols, dims, fields, counts, volume)
+  local per, restricted = {}, {}
+  for i = 1, #protocols do per[i] = {} end
+  for _, d in ipairs(dims) do
+    restricted[d.letter] = true
+    local k = d.from
+    for i = 1, #protocols do
+      local values = {}
+      for j = 1, #d.values do
+        if counts[k] then values[#values + 1] = d.values[j] end
+        k = k + 1
+      end
+      per[i][d.letter] = values
+    end
+  end
+  local lists, at = {}, {}
+  for i = 1, #protocols do
+    for _, letter in ipairs(DIMS) do
+      if not restricted[letter] then
+        lists[#lists + 1] = 'V|' .. letter .. '|' .. protocols[i]
+        at[#lists] = {i, letter}
+      end
+    end
+  end
+  if #lists > 0 then
+    local got = call('HMGET', K.cnt, unpack(lists))
+    for j = 1, #lists do
+      local values = {}
+      for v in gmatch(got[j] or '', '\n([^\n]*)') do values[#values + 1] = v end
+      per[at[j][1]][at[j][2]] = values
+    end
+  end
+  local product = 0
+  for i = 1, #protocols do product = product + #per[i].R * #per[i].C * #per[i].U end
+  if product <= volume then X.enumerate = {protocols = protocols, per = per} end
+end
+
+-- The combinations an enumerated plan names (X.enumerate) and their
+-- counters ("<head>\t<n>", nil where none), read once a call.
+local function enumerated(X)
+  if X.atoms then return X.atoms, X.atom_counts end
+  local atoms = {}
+  local e = X.enumerate
+  for i = 1, #e.protocols do
+    local p, v = e.protocols[i], e.per[i]
+    for _, r in ipairs(v.R) do
+      local pr = p .. '|' .. r .. '|'
+      for _, c in ipairs(v.C) do
+        local prc = pr .. c .. '|'
+        for _, u in ipairs(v.U) do atoms[#atoms + 1] = prc .. u end
+      end
+    end
+  end
+  X.atoms, X.atom_counts = atoms, chunked_read('HMGET', K.cnt, atoms)
+  return X.atoms, X.atom_counts
+end
+
 -- The hd ranges the walk merges (X.ranges, prefixes), whether each head
 -- must be checked against the filters (X.check), and the entries counted in
 -- the ranges of a single restricted grouping (X.entries). One HMGET of the
@@ -157,7 +238,7 @@ local function plan(X)
   if f[4] then dims[#dims + 1] = {letter = 'U', values = f[4].list} end
   X.restricted = f[1] ~= nil or #dims > 0
   if not X.restricted then
-    X.ranges = {'G|'}
+    X.ranges = G_RANGES
     return
   end
   if #dims == 0 then dims[1] = {letter = 'P'} end
@@ -175,20 +256,32 @@ local function plan(X)
     d.to = #fields
   end
   local counts = chunked_read('HMGET', K.cnt, fields)
+  -- Only a choice among groupings, or a count, reads the numbers; one
+  -- grouping without a reserve only asks which ranges hold heads.
+  local numbers = #dims > 1 or X.reserve > 0
   local best
   for _, d in ipairs(dims) do
     d.ranges, d.entries, d.volume = {}, 0, 0
+    local present = false
     for i = d.from, d.to do
-      local n, a = match(counts[i] or '', '^(%d+)|(%d+)$')
-      if n then
-        d.entries = d.entries + tonumber(n)
-        d.volume = d.volume + tonumber(a)
-        if a ~= '0' then d.ranges[#d.ranges + 1] = fields[i] .. '|' end
+      local v = counts[i]
+      if v then
+        present = true
+        if numbers then
+          local n, a = match(v, '^(%d+)|(%d+)$')
+          d.entries = d.entries + (tonumber(n) or 0)
+          d.volume = d.volume + (tonumber(a) or 0)
+        end
+        -- "<n>|0": no combination of the value has a head
+        if not (byte(v, -1) == 48 and byte(v, -2) == 124) then
+          d.ranges[#d.ranges + 1] = fields[i] .. '|'
+        end
       end
     end
-    if d.entries == 0 and d.volume == 0 then X.nothing = true; return end
+    if not present then X.nothing = true; return end
     if not best or d.volume < best.volume then best = d end
   end
+  if #dims > 1 then plan_enumeration(X, protocols, dims, fields, counts, best.volume) end
   X.ranges, X.entries, X.volume, X.check = best.ranges, best.entries, best.volume, #dims > 1
 end
 
@@ -256,12 +349,17 @@ local function count_eligible(X, w, ix)
       spent_in[atom] = (spent_in[atom] or 0) + 1
     end
   end
-  local atoms = matching_atoms(X)
-  local counts = chunked_read('HMGET', K.cnt, atoms)
+  local atoms, counts
+  if X.enumerate then
+    atoms, counts = enumerated(X)
+  else
+    atoms = matching_atoms(X)
+    counts = chunked_read('HMGET', K.cnt, atoms)
+  end
   local sum = 0
   for i = 1, #atoms do
-    local n = tonumber(match(counts[i] or '', '^(%d+)|') or '0') or 0
-    sum = sum + max(0, n - (spent_in[atoms[i]] or 0))
+    local head, n = match(counts[i] or '', ATOM_COUNT)
+    if head and head ~= '' then sum = sum + max(0, tonumber(n) - (spent_in[atoms[i]] or 0)) end
   end
   return sum
 end
@@ -312,20 +410,34 @@ local function next_page(cur, key)
   return #cur.m > 0
 end
 
--- Settles a range cursor on its next well-formed head from cur.i on (a
--- member of another shape is damage: it leaves hd): its key and its
--- combination. False when the range has no more.
+-- Settles a range cursor on its next head from cur.i on: well formed (a
+-- member of another shape is damage: it leaves hd) and, when the plan
+-- checks heads, of a combination the filters match (the others are passed
+-- here, in one loop: a skipped head costs a member read and a check, never
+-- a heap step). Sets its key and combination; false when the range has no
+-- more.
 local function range_at(X, cur)
+  local plen, check = cur.plen, X.check
   while cur.i <= #cur.m or next_page(cur, K.hd) do
-    local member = cur.m[cur.i]
-    local bar = find(member, '|', cur.plen + 15, true)
-    if bar and find(member, '^%d%d%d%d%d%d%d%d%d%d%d%d%d|', cur.plen + 1) then
-      cur.key = sub(member, cur.plen + 1, bar - 1)
-      cur.atom = sub(member, bar + 1)
-      return true
+    local m = cur.m
+    for i = cur.i, #m do
+      local member = m[i]
+      local bar = find(member, '|', plen + 15, true)
+      if not bar then
+        X.bogus[#X.bogus + 1] = member
+      else
+        local atom = sub(member, bar + 1)
+        if check and not matches(X, atom) then
+          X.skipped_heads = X.skipped_heads + 1
+        elseif find(member, '^%d%d%d%d%d%d%d%d%d%d%d%d%d|', plen + 1) then
+          cur.i, cur.key, cur.atom = i, sub(member, plen + 1, bar - 1), atom
+          return true
+        else
+          X.bogus[#X.bogus + 1] = member
+        end
+      end
     end
-    X.bogus[#X.bogus + 1] = member
-    cur.i = cur.i + 1
+    cur.i = #m + 1
   end
   return false
 end
@@ -351,11 +463,13 @@ local function open_atom(X, atom, page)
 end
 
 -- Reads the records of the cursor's page from entry i on (those not spent
--- by their expiry already): as many as the call still needs, more each time
--- the cursor needs more (a run of spent entries is read in growing pages).
+-- by their expiry already): one at first, then more each time the cursor
+-- needs more (a run of spent entries is read in growing pages), never more
+-- than the call still needs unless it passes spent ones.
 local function load_records(X, cur, i)
-  local n = max(X.target - X.found, cur.burst)
-  cur.burst = min(cur.burst * 4, 256)
+  local n = cur.burst
+  cur.burst = min(n * 4, 256)
+  if not cur.passed then n = min(n, X.target - X.found) end
   local ids, at = {}, {}
   local m, from, t13 = cur.m, cur.from, X.t13
   for j = i, min(#m, i + n - 1) do
@@ -383,12 +497,9 @@ local function step_range(X, h, cur)
     X.bogus[#X.bogus + 1] = member       -- a second head of one combination
     return
   end
-  if X.check and not matches(X, atom) then
-    X.skipped_heads = X.skipped_heads + 1
-    return
-  end
   X.opened[atom] = true
-  local ac = open_atom(X, atom, min(max(X.target - X.found, 1) + 1, 256))
+  -- A small first page: the next combination's head may come first.
+  local ac = open_atom(X, atom, min(X.target - X.found + 1, 8))
   if not ac or ac.key ~= head then
     X.bogus[#X.bogus + 1] = member       -- a head that is not its atom's first entry
     X.refresh[#X.refresh + 1] = atom
@@ -414,11 +525,12 @@ local function step_entry(X, h, cur)
   local n = #cur.ex_m + 1
   cur.ex_m[n], cur.ex_f[n], cur.ex_r[n] = member, fate, raw
   if fate == ELIGIBLE then
-    X.found = X.found + 1
-    X.taken[X.found] = handed
-    X.taken_m[X.found] = member
+    local found = X.found + 1
+    X.found = found
+    X.taken[found], X.taken_m[found], X.taken_id[found] = handed, member, sub(member, cur.from + 14)
   else
     X.skipped = X.skipped + 1
+    cur.passed = true
   end
   cur.i = i + 1
   if cur.i <= #cur.m or next_page(cur, K.ax) then
@@ -430,24 +542,50 @@ local function step_entry(X, h, cur)
   end
 end
 
+-- An enumerated combination's head has come first: it is opened. (A
+-- counter whose head is not its slice's first entry is damage: its heads
+-- are rewritten.)
+local function open_enumerated(X, h, cur)
+  local atom = cur.atom
+  X.opened[atom] = true
+  local ac = open_atom(X, atom, min(X.target - X.found + 1, 8))
+  if not ac or ac.key ~= cur.key then X.refresh[#X.refresh + 1] = atom end
+  if ac then heap_push(h, ac) end
+end
+
 -- The merge: until `target` eligible entries are found, everything is
 -- seen (X.exhausted), or SKIP_MAX entries were passed (X.stuck).
 local function walk(X)
   X.found, X.skipped, X.skipped_heads = 0, 0, 0
-  X.taken, X.taken_m, X.cursors, X.opened, X.bogus, X.refresh = {}, {}, {}, {}, {}, {}
+  X.taken, X.taken_m, X.taken_id, X.cursors, X.opened, X.bogus, X.refresh = {}, {}, {}, {}, {}, {}, {}
   if X.nothing or X.target == 0 then X.exhausted = true; return end
-  local ranges = X.ranges
-  local page = #ranges == 1 and min(X.target + 1, 256) or min(floor(X.target / #ranges) + 2, 64)
   local h = {}
-  for i = 1, #ranges do
-    local cur = open_range(ranges[i], page)
-    if cur and range_at(X, cur) then heap_push(h, cur) end
+  if X.enumerate then
+    -- Every matching combination with a head, by its head (heapified).
+    local atoms, counts = enumerated(X)
+    for i = 1, #atoms do
+      local v = counts[i]
+      if v and byte(v, 1) ~= 9 then
+        h[#h + 1] = {pending = true, atom = atoms[i], key = sub(v, 1, find(v, '\t', 1, true) - 1)}
+      end
+    end
+    for i = floor(#h / 2), 1, -1 do heap_down(h, i) end
+  else
+    local ranges = X.ranges
+    local page = #ranges == 1 and min(X.target + 1, 256) or min(floor(X.target / #ranges) + 2, 64)
+    for i = 1, #ranges do
+      local cur = open_range(ranges[i], page)
+      if cur and range_at(X, cur) then heap_push(h, cur) end
+    end
   end
   while X.found < X.target do
     local cur = h[1]
     if not cur then X.exhausted = true; return end
     if cur.range then
       step_range(X, h, cur)
+    elseif cur.pending then
+      heap_drop(h)
+      open_enumerated(X, h, cur)
     else
       step_entry(X, h, cur)
       if X.skipped >= SKIP_MAX then X.stuck = true; return end
@@ -543,7 +681,7 @@ local function take_sorted(X, w, ix, n)
   end
   local recs = chunked_read('HMGET', K.rec, ids)
   local sound = true
-  X.taken, X.taken_m, X.found = {}, {}, 0
+  X.taken, X.taken_m, X.taken_id, X.found = {}, {}, {}, 0
   for i = 1, n do
     local m = ms[i]
     local p, r, c, u, e13, id = split_locator(m)
@@ -551,7 +689,7 @@ local function take_sorted(X, w, ix, n)
     local fate, handed = judge(recs[i] or nil, m)
     if fate == ELIGIBLE then
       X.found = X.found + 1
-      X.taken[X.found], X.taken_m[X.found] = handed, m
+      X.taken[X.found], X.taken_m[X.found], X.taken_id[X.found] = handed, m, id
     else
       sound = false
       ix_remove(ix, atom, e13 .. '|' .. id, true)
@@ -567,9 +705,9 @@ end
 local function taken_changes(X, w, ix, walked)
   for i = 1, X.found do
     local m = X.taken_m[i]
-    local p, r, c, u, e13, id = split_locator(m)
-    push2(w.rec_set, id, 'X' .. m)
+    push2(w.rec_set, X.taken_id[i], 'X' .. m)
     if not walked then
+      local p, r, c, u, e13, id = split_locator(m)
       ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
       push2(w.due_set, '1' .. e13, m)
       w.ax_rem[#w.ax_rem + 1] = m
@@ -598,7 +736,7 @@ local function count_usage(X, outcome)
     redis.log(redis.LOG_WARNING, 'proxy-pool: usage not counted: the caller clock is over 10 minutes off the Redis clock')
     return
   end
-  local client, requested = usage.client, tostring(X.count)
+  local client, requested = usage.client, X.requested
   local n = outcome == 'ok' and X.found or 0
   local tuples, order = {}, {}
   for i = 1, n do
@@ -623,7 +761,7 @@ end
 
 -- The committed result, and its idempotency record.
 local function record_result(X)
-  local parts = {X.rid, tostring(X.count), NOW13}
+  local parts = {X.rid, X.requested, NOW13}
   for i = 1, X.found do parts[i + 3] = X.taken[i] end
   local result = concat(parts, '\n')
   local idem = X.idem
@@ -639,6 +777,96 @@ local function record_result(X)
     end
   end
   return result
+end
+
+-- The first proxy (count=1 without a reserve, the common request) of a
+-- plan that checks no head: the least of its ranges' first heads is the
+-- soonest entry of all it names.
+-- When that entry is eligible and the counters agree with the index, it is
+-- taken here in straight-line code: the same writes the walk and the
+-- planner make (prelude/index.lua), without their tables. Anything else
+-- (a spent or damaged entry, an empty range) returns nil, nothing written,
+-- and the walk answers. Returns true when taken, or the reply refusing the
+-- writes.
+local function take_first(X)
+  -- The soonest head among the ranges' first ones, or the enumerated ones.
+  local key, atom
+  if X.enumerate then
+    local atoms, counts = enumerated(X)
+    -- "<head>\t<n>": the values order as their heads do ("\t" sorts below
+    -- every character of an id); a value without a head starts with "\t".
+    local least, at
+    for i = 1, #atoms do
+      local v = counts[i]
+      if v and byte(v, 1) ~= 9 and (not least or v < least) then least, at = v, i end
+    end
+    if least then key, atom = sub(least, 1, find(least, '\t', 1, true) - 1), atoms[at] end
+  end
+  local ranges = X.enumerate and NONE or X.ranges
+  for i = 1, #ranges do
+    local prefix = ranges[i]
+    local member = call('ZRANGEBYLEX', K.hd, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, 1)[1]
+    if member then
+      local plen = #prefix
+      local bar = find(member, '|', plen + 15, true)
+      if not bar then return nil end
+      local k = sub(member, plen + 1, bar - 1)
+      if not key or k < key then key, atom = k, sub(member, bar + 1) end
+    end
+  end
+  if not key then return nil end
+  local from = #atom + 2
+  local entries = call('ZRANGEBYLEX', K.ax, '[' .. atom .. '|', '[' .. atom .. '|\255', 'LIMIT', 0, 2)
+  local first = entries[1]
+  if not first or sub(first, from) ~= key or sub(first, from, from + 12) < X.t13 then return nil end
+  local id = sub(first, from + 14)
+  local fate, handed = judge(call('HGET', K.rec, id) or nil, first)
+  if fate ~= ELIGIBLE then return nil end
+  local p, r, c, u = match(atom, ATOM)
+  local gp, gr, gc, gu = grouping_fields(p, r, c, u)
+  local counts = call('HMGET', K.cnt, 'meta', atom, gp, gr, gc, gu)
+  check_meta(counts[1])
+  local head, n = match(counts[2] or '', ATOM_COUNT)
+  if head ~= key then return nil end
+  local second = entries[2]
+  local next_key = second and sub(second, from) or nil
+  n = tonumber(n) - 1
+  local set, del = {}, {}
+  if n > 0 or next_key then
+    set[1], set[2] = atom, (next_key or '') .. '\t' .. n
+  else
+    del[1] = atom
+  end
+  local gone = next_key and 0 or 1
+  local fields = {gp, gr, gc, gu}
+  for j = 1, 4 do
+    local gn, ga = match(counts[j + 2] or '0|0', '^(%d+)|(%d+)$')
+    gn, ga = max(0, (tonumber(gn) or 1) - 1), max(0, (tonumber(ga) or gone) - gone)
+    if gn > 0 or ga > 0 then
+      set[#set + 1], set[#set + 2] = fields[j], gn .. '|' .. ga
+    else
+      -- A value vanishing from the pool moves a value list: the walk's
+      -- planner does that.
+      return nil
+    end
+  end
+  -- The writes, `due` first (see apply).
+  local refused = pcall_redis('ZADD', K.due, '1' .. sub(first, from, from + 12), first)
+  if type(refused) == 'table' and refused.err then return refused end
+  call('ZREM', K.ax, first)
+  call('HSET', K.rec, id, 'X' .. first)
+  if #del > 0 then call('HDEL', K.cnt, unpack(del)) end
+  call('HSET', K.cnt, unpack(set))
+  local heads = {}
+  push_heads(heads, atom, p, r, c, u, key)
+  call('ZREM', K.hd, unpack(heads))
+  if next_key then
+    heads = {}
+    push_heads(heads, atom, p, r, c, u, next_key, true)
+    call('ZADD', K.hd, unpack(heads))
+  end
+  X.found, X.taken, X.taken_m, X.taken_id = 1, {handed}, {first}, {id}
+  return true
 end
 
 local function extract(keys, argv)
@@ -667,6 +895,16 @@ local function extract(keys, argv)
       if refused then return refused end
       count_usage(X, 'short')
       return {'insufficient', tostring(X.available), NOW13}
+    end
+  end
+  if X.target == 1 and X.reserve == 0 and not X.nothing and (X.enumerate or not X.check) then
+    local taken = take_first(X)
+    if taken == true then
+      local result = record_result(X)
+      count_usage(X, 'ok')
+      return {'ok', result}
+    elseif taken then
+      return taken
     end
   end
   walk(X)

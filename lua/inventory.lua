@@ -53,7 +53,7 @@ local function inventory(keys, argv)
   local rows, fields = {}, scan[2]
   for i = 1, #fields, 2 do
     local atom, value = fields[i], fields[i + 1]
-    local n = find(atom, COMBINATION) and tonumber(match(value, '^(%d+)|'))
+    local n = find(atom, COMBINATION) and tonumber(match(value, '\t(%d+)$'))
     if n then
       local prefix = atom .. '|'
       rows[#rows + 1] = {

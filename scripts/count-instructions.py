@@ -131,9 +131,9 @@ MARKERS = [
     ("count (with a reserve)", "  walk(X)\n"),
     ("walk: heads, probes, records, judgements", "  -- Decide.\n"),
     ("decide: the index changes planned", "  local refused = commit(w, ix)\n  if refused then return refused end\n  local result"),
-    ("commit: counts and heads planned, writes", "  local result = record_result(X)\n"),
-    ("result, idempotency record", "  count_usage(X, 'ok')\n  return {'ok', result}"),
-    ("usage", "  return {'ok', result}\nend"),
+    ("commit: counts and heads planned, writes", "\n  local result = record_result(X)\n"),
+    ("result, idempotency record", "\n  count_usage(X, 'ok')\n  return {'ok', result}\nend"),
+    ("usage", "\n  return {'ok', result}\nend"),
 ]
 PHASE_CASES = [
     ("count=1, no such region", {"count": 1, "filters": {"regions": ["nowhere"]}}),
@@ -161,6 +161,10 @@ def probe_library():
         marker = f"  redis.call('ECHO', 'phase {i}')\n"
         if anchor is None:
             top += marker
+        elif anchor.startswith("\n"):
+            if body.count(anchor) != 1:
+                sys.exit(f"count-instructions: lua/extract.lua has {body.count(anchor)} of {anchor!r}")
+            body = body.replace(anchor, "\n" + marker + anchor[1:])
         elif body.count(anchor) != 1:
             sys.exit(f"count-instructions: lua/extract.lua has {body.count(anchor)} of {anchor!r}")
         else:
@@ -173,13 +177,15 @@ def probe_library():
 def script_args(policy, body):
     """The arguments lua/extract.lua takes for a request `body` (as
     src/pool/redis_pool.rs sends them): policy, count, fulfillment,
-    reserve, request id, the four filters, no idempotency, no usage."""
+    reserve, request id, then the filters if any (no idempotency, no usage)."""
     filters = body.get("filters", {})
     def dim(name):
         values = filters.get(name)
         return "*" if not values else "".join("\n" + v for v in values)
-    return [policy, str(body["count"]), "partial", "0", "phase-probe", dim("protocols"),
-            dim("regions"), dim("carriers"), dim("allowedUpstreams"), "", "", "", "", "", "", "", ""]
+    head = [policy, str(body["count"]), "partial", "0", "phase-probe"]
+    if not filters:
+        return head + [""]
+    return head + ["f", dim("protocols"), dim("regions"), dim("carriers"), dim("allowedUpstreams")]
 
 
 def dumps(workdir):
@@ -275,10 +281,10 @@ def phases(port, pid, workdir, calls):
         subprocess.run(["callgrind_control", "-d", "phases-end", str(pid)], check=True,
                        capture_output=True)
         new = [costs(p) for p in dumps(workdir) if p not in seen]
-        # new: calls x markers, then the last call's tail (left out: it holds the
-        # connection's end)
+        # new: calls x markers, then the last call's tail up to the ECHO
+        # `redis-cli --pipe` ends with, and that ECHO's (both left out)
         n = len(MARKERS)
-        if len(new) != calls * n + 1:
+        if len(new) != calls * n + 2:
             sys.exit(f"count-instructions: {len(new)} dumps for {calls} calls of {n} markers")
         # Segment k of call i ends at its marker k; the tail of call i is the
         # "entered" dump of call i + 1.

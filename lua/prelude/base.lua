@@ -78,6 +78,7 @@ end
 -- m and M1 = max(m, 1) (ms), from the caller's "<A>|<m>" (ARGV[1]).
 local POLICY, POLICY_A, POLICY_M, M1
 local function read_policy(arg)
+  if arg == POLICY then return end        -- (the library's last call's)
   local a, m = match(arg or '', '^(%d+)|(%d+)$')
   a, m = tonumber(a), tonumber(m)
   if not (is_int(a, 0, MAX_MS) and is_int(m, 0, MAX_MS)) then

@@ -8,7 +8,7 @@
 --        (band 1)
 --   ax   holds its locator "<p>|<r>|<c>|<u>|<expiry>|<id>": the slice of its
 --        combination ("atom" "<p>|<r>|<c>|<u>") in expiry order, then id
---   cnt  counts it: "<atom>" -> "<n>|<head>" (n its entries in band 0, head
+--   cnt  counts it: "<atom>" -> "<head>\t<n>" (n its entries in band 0, head
 --        "<expiry>|<id>" the first of its slice in ax, "" when none), and
 --        "P|<p>", "R|<p>|<r>", "C|<p>|<c>", "U|<p>|<u>" -> "<n>|<a>" (a the
 --        combinations of that grouping value with a head)
@@ -27,8 +27,9 @@
 -- Heads are exact: every write that changes an atom's first entry in ax
 -- rewrites its five members in the same call.
 
-local GROUPING_LETTERS = {'P', 'R', 'C', 'U'}
 local ATOM = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$'
+-- A combination's counter "<head>\t<n>" (head "" when it has none).
+local ATOM_COUNT = '^([^\t]*)\t(%d+)$'
 
 -- The four grouping counter fields of an atom's parts.
 local function grouping_fields(p, r, c, u)
@@ -52,10 +53,17 @@ local function push_heads(list, atom, p, r, c, u, k, scored)
   end
 end
 
--- The writes of one call, applied by `apply` after every read.
+-- The writes of one call, applied by `apply` after every read: lists of
+-- arguments by name (due_set, due_rem, ax_ranges, ax_rem, ax_add, rec_set,
+-- rec_del, cnt_set, cnt_del, hd_rem, hd_add), each made when first used.
+local LISTS = {__index = function(w, name)
+  local list = {}
+  rawset(w, name, list)
+  return list
+end}
+local NONE = {}
 local function new_writes()
-  return {due_set = {}, due_rem = {}, ax_ranges = {}, ax_rem = {}, ax_add = {}, rec_set = {},
-          rec_del = {}, cnt_set = {}, cnt_del = {}, hd_rem = {}, hd_add = {}}
+  return setmetatable({}, LISTS)
 end
 
 local function push2(list, a, b)
@@ -120,11 +128,60 @@ local function probe_survivor(a)
   return nil
 end
 
+-- The values of each dimension that exist, per protocol: "V|<R, C or U>|<p>"
+-- -> "\n<value>\n<value>..." (a value is in its list exactly while its
+-- grouping counter "<R, C or U>|<p>|<value>" exists), so a request can
+-- enumerate the combinations it names. Plans the lists' changes for the
+-- grouping counters that appear and vanish (both lists of field names),
+-- reading the lists first.
+-- The value list a grouping counter's value belongs to, registered in
+-- `names` (list names in order) and `index` (name -> position).
+local function value_list(f, names, index)
+  local letter, p, v = match(f, '^([RCU])|([^|]*)|(.*)$')
+  if not letter then return nil end
+  local name = 'V|' .. letter .. '|' .. p
+  if not index[name] then
+    names[#names + 1] = name
+    index[name] = #names
+  end
+  return name, v
+end
+
+local function plan_values(w, appear, vanish)
+  local lists, index, names = {}, {}, {}
+  for i = 1, #appear do value_list(appear[i], names, index) end
+  for i = 1, #vanish do value_list(vanish[i], names, index) end
+  if #names == 0 then return end
+  local old = call('HMGET', K.cnt, unpack(names))
+  for i = 1, #names do lists[names[i]] = old[i] or '' end
+  for i = 1, #vanish do
+    local name, v = value_list(vanish[i], names, index)
+    if name then
+      local l = lists[name] .. '\n'
+      local at = find(l, '\n' .. v .. '\n', 1, true)
+      if at then lists[name] = sub(l, 1, at - 1) .. sub(l, at + #v + 1, -2) end
+    end
+  end
+  for i = 1, #appear do
+    local name, v = value_list(appear[i], names, index)
+    if name and not find(lists[name] .. '\n', '\n' .. v .. '\n', 1, true) then
+      lists[name] = lists[name] .. '\n' .. v
+    end
+  end
+  for i = 1, #names do
+    local l = lists[names[i]]
+    if l ~= (old[i] or '') then
+      if l == '' then w.cnt_del[#w.cnt_del + 1] = names[i] else push2(w.cnt_set, names[i], l) end
+    end
+  end
+end
+
 -- Plans the counts and heads that follow the call's index changes (reading
 -- cnt, and ax where an atom's new head is not known), into `w`. `extra`:
 -- more cnt fields to read in the same HMGET. Returns the meta field and the
 -- extra fields' values (by name). Nothing here writes.
 local function plan_index(ix, w, extra)
+  if #ix.order == 0 and not extra then return call('HGET', K.cnt, 'meta'), nil end
   local fields, at = {'meta'}, {}
   for i = 1, #(extra or {}) do
     local f = extra[i]
@@ -153,7 +210,7 @@ local function plan_index(ix, w, extra)
       local old = values[a.at]
       local n_old, k_old = 0, nil
       if old then
-        local n, k = match(old, '^(%d+)|(.*)$')
+        local k, n = match(old, ATOM_COUNT)
         n_old = tonumber(n) or 0
         if k and k ~= '' then k_old = k end
       end
@@ -171,7 +228,7 @@ local function plan_index(ix, w, extra)
       local head = survivor
       if a.add and (not head or a.add < head) then head = a.add end
       local n_new = max(0, n_old + a.delta)
-      local new = (n_new > 0 or head) and (n_new .. '|' .. (head or '')) or nil
+      local new = (n_new > 0 or head) and ((head or '') .. '\t' .. n_new) or nil
       if new ~= old then
         if new then push2(w.cnt_set, a.atom, new) else w.cnt_del[#w.cnt_del + 1] = a.atom end
       end
@@ -195,16 +252,25 @@ local function plan_index(ix, w, extra)
       end
     end
   end
+  local appear, vanish = {}, {}
   for i = 1, #moved_order do
     local f = moved_order[i]
     local m = moved[f]
     if m[1] ~= 0 or m[2] ~= 0 then
-      local n, c = match(values[at[f]] or '0|0', '^(%d+)|(%d+)$')
+      local old = values[at[f]]
+      local n, c = match(old or '0|0', '^(%d+)|(%d+)$')
       n = max(0, (tonumber(n) or 0) + m[1])
       c = max(0, (tonumber(c) or 0) + m[2])
-      if n > 0 or c > 0 then push2(w.cnt_set, f, n .. '|' .. c) else w.cnt_del[#w.cnt_del + 1] = f end
+      if n > 0 or c > 0 then
+        push2(w.cnt_set, f, n .. '|' .. c)
+        if not old then appear[#appear + 1] = f end
+      else
+        w.cnt_del[#w.cnt_del + 1] = f
+        if old then vanish[#vanish + 1] = f end
+      end
     end
   end
+  if #appear > 0 or #vanish > 0 then plan_values(w, appear, vanish) end
   local extras = {}
   for f, i in pairs(at) do extras[f] = values[i] end
   return values[1], extras
@@ -215,8 +281,12 @@ end
 -- the wrong type, that is found before anything is written); every other
 -- key was read by a typed command before. Returns nil, or the error reply
 -- that refused the writes.
+local function made(w, name)
+  return rawget(w, name) or NONE
+end
+
 local function apply(w)
-  local due = w.due_set
+  local due = made(w, 'due_set')
   if #due > 0 then
     local first = min(#due, CHUNK)
     local reply = pcall_redis('ZADD', K.due, unpack(due, 1, first))
@@ -225,17 +295,17 @@ local function apply(w)
       call('ZADD', K.due, unpack(due, i, min(i + CHUNK - 1, #due)))
     end
   end
-  chunked('ZREM', K.due, w.due_rem, 1)
-  local ranges = w.ax_ranges
+  chunked('ZREM', K.due, made(w, 'due_rem'), 1)
+  local ranges = made(w, 'ax_ranges')
   for i = 1, #ranges, 2 do call('ZREMRANGEBYLEX', K.ax, ranges[i], ranges[i + 1]) end
-  chunked('ZREM', K.ax, w.ax_rem, 1)
-  chunked('ZADD', K.ax, w.ax_add, 2)
-  chunked('HDEL', K.rec, w.rec_del, 1)
-  chunked('HSET', K.rec, w.rec_set, 2)
-  chunked('HDEL', K.cnt, w.cnt_del, 1)
-  chunked('HSET', K.cnt, w.cnt_set, 2)
-  chunked('ZREM', K.hd, w.hd_rem, 1)
-  chunked('ZADD', K.hd, w.hd_add, 2)
+  chunked('ZREM', K.ax, made(w, 'ax_rem'), 1)
+  chunked('ZADD', K.ax, made(w, 'ax_add'), 2)
+  chunked('HDEL', K.rec, made(w, 'rec_del'), 1)
+  chunked('HSET', K.rec, made(w, 'rec_set'), 2)
+  chunked('HDEL', K.cnt, made(w, 'cnt_del'), 1)
+  chunked('HSET', K.cnt, made(w, 'cnt_set'), 2)
+  chunked('ZREM', K.hd, made(w, 'hd_rem'), 1)
+  chunked('ZADD', K.hd, made(w, 'hd_add'), 2)
   return nil
 end
 

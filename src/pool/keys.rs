@@ -25,9 +25,10 @@ pub const INDEX: &str = "{pp}:v2:ax";
 /// proxies, in five groupings (`G|`, `P|<p>|`, `R|<p>|<r>|`, `C|<p>|<c>|`,
 /// `U|<p>|<u>|`), each then `<expiry>|<id>|<p>|<r>|<c>|<u>`.
 pub const HEADS: &str = "{pp}:v2:hd";
-/// `HASH`: `<p>|<r>|<c>|<u>` -> `<indexed entries>|<head>`; `P|<p>`,
+/// `HASH`: `<p>|<r>|<c>|<u>` -> `<head>\t<indexed entries>`; `P|<p>`,
 /// `R|<p>|<r>`, `C|<p>|<c>`, `U|<p>|<u>` -> `<indexed entries>|<combinations
-/// with a head>`; `held` -> records CLAIMED or DRAINING; `meta` ->
+/// with a head>`; `V|<R, C or U>|<p>` -> the values with such a counter,
+/// each after a newline; `held` -> records CLAIMED or DRAINING; `meta` ->
 /// `<layout>|<maxHealthCheckAge ms>|<minRemainingTTL ms>`, recorded by the
 /// first write.
 pub const COUNTS: &str = "{pp}:v2:cnt";

@@ -376,29 +376,39 @@ impl RedisPool {
     pub async fn extract(&self, q: &ExtractionQuery<'_>) -> Result<ExtractionOutcome, PoolError> {
         let mut inv = scripts::with_pool_keys(&scripts::EXTRACT, &self.options.policy);
         let sel = &q.selection;
+        let filtered = !sel.protocols.is_empty()
+            || !sel.regions.is_empty()
+            || !sel.carriers.is_empty()
+            || sel.upstreams.is_some();
+        let groups: String = [
+            (filtered, 'f'),
+            (q.idempotency.is_some(), 'i'),
+            (q.usage.is_some(), 'u'),
+        ]
+        .iter()
+        .filter_map(|&(on, letter)| on.then_some(letter))
+        .collect();
         inv.arg(q.count)
             .arg(q.fulfillment.as_str())
             .arg(q.reserve)
             .arg(q.request_id)
-            .arg(filter_arg(restricting(sel.protocols)))
-            .arg(filter_arg(restricting(sel.regions)))
-            .arg(filter_arg(restricting(sel.carriers)))
-            .arg(filter_arg(sel.upstreams));
-        match &q.idempotency {
+            .arg(groups);
+        if filtered {
+            inv.arg(filter_arg(restricting(sel.protocols)))
+                .arg(filter_arg(restricting(sel.regions)))
+                .arg(filter_arg(restricting(sel.carriers)))
+                .arg(filter_arg(sel.upstreams));
+        }
+        if let Some(scope) = &q.idempotency {
             // With replica acks, a replay rewrites its record, so the WAIT
             // after it covers the record it replays.
-            Some(scope) => inv
-                .arg(&scope.key)
+            inv.arg(&scope.key)
                 .arg(&scope.digest)
                 .arg(scope.ttl.as_millis() as u64)
-                .arg(if self.replica_acks > 0 { "1" } else { "0" }),
-            None => inv.arg("").arg("").arg("").arg(""),
-        };
-        match &q.usage {
-            Some(usage) => usage.declare(&mut inv),
-            None => {
-                inv.arg("").arg("").arg("").arg("");
-            }
+                .arg(if self.replica_acks > 0 { "1" } else { "0" });
+        }
+        if let Some(usage) = &q.usage {
+            usage.declare(&mut inv);
         }
         // Repeating the script after a dropped connection is only safe when
         // the idempotency record can tell whether the first attempt committed.

@@ -234,7 +234,7 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
             .unwrap_or(["", "", "", ""]);
         want_counts.insert(
             atom.clone(),
-            format!("{n}|{}", head.as_deref().unwrap_or("")),
+            format!("{}\t{n}", head.as_deref().unwrap_or("")),
         );
         for g in [
             format!("P|{p}"),
@@ -259,6 +259,19 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
             }
         }
     }
+    // Each dimension's values per protocol: exactly those with a counter.
+    let mut want_values: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for g in groupings.keys() {
+        let mut parts = g.splitn(3, '|');
+        if let (Some(letter @ ("R" | "C" | "U")), Some(p), Some(v)) =
+            (parts.next(), parts.next(), parts.next())
+        {
+            want_values
+                .entry(format!("V|{letter}|{p}"))
+                .or_default()
+                .insert(v.to_owned());
+        }
+    }
     for (g, (n, a)) in groupings {
         want_counts.insert(g, format!("{n}|{a}"));
     }
@@ -267,6 +280,22 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
     }
     let mut have_counts = counts.clone();
     let meta = have_counts.remove("meta");
+    let have_values: BTreeMap<String, BTreeSet<String>> = counts
+        .iter()
+        .filter(|(k, _)| k.starts_with("V|"))
+        .map(|(k, v)| {
+            have_counts.remove(k);
+            (
+                k.clone(),
+                v.split('\n').skip(1).map(str::to_owned).collect(),
+            )
+        })
+        .collect();
+    if have_values != want_values {
+        return disagree(format!(
+            "value lists: want {want_values:?}, have {have_values:?}"
+        ));
+    }
     if !raw.is_empty()
         && meta.as_deref() != Some(&format!("{}|{}", keys::LAYOUT, pool.policy().script_arg()))
     {

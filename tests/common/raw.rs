@@ -114,8 +114,11 @@ pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
             .query_async(&mut conn)
             .await
             .unwrap();
-        let (n, head) = match old.as_deref().and_then(|o| o.split_once('|')) {
-            Some((n, head)) => (n.parse::<u64>().unwrap_or(0), Some(head.to_owned())),
+        let (n, head) = match old.as_deref().and_then(|o| o.split_once('\t')) {
+            Some((head, n)) => (
+                n.parse::<u64>().unwrap_or(0),
+                (!head.is_empty()).then(|| head.to_owned()),
+            ),
             None => (0, None),
         };
         let heads = |k: &str| {
@@ -146,7 +149,7 @@ pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
             .ignore()
             .zadd(keys::DUE, &loc, d)
             .ignore()
-            .hset(keys::COUNTS, &atom, format!("{}|{new_head}", n + 1))
+            .hset(keys::COUNTS, &atom, format!("{new_head}\t{}", n + 1))
             .ignore();
         // Grouping counters "<entries>|<combinations with a head>".
         for g in [
@@ -168,7 +171,26 @@ pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
                     (n.parse::<u64>().unwrap_or(0), a.parse::<u64>().unwrap_or(0))
                 });
             let a = a + u64::from(head.is_none());
-            pipe.hset(keys::COUNTS, g, format!("{}|{a}", n + 1))
+            if old.is_none()
+                && let Some((letter @ ("R" | "C" | "U"), rest)) = g.split_once('|')
+                && let Some((p, v)) = rest.split_once('|')
+            {
+                // A value new to the pool joins its dimension's list.
+                let list = format!("V|{letter}|{p}");
+                let values: Option<String> = redis::cmd("HGET")
+                    .arg(keys::COUNTS)
+                    .arg(&list)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                pipe.hset(
+                    keys::COUNTS,
+                    list,
+                    format!("{}\n{v}", values.unwrap_or_default()),
+                )
+                .ignore();
+            }
+            pipe.hset(keys::COUNTS, &g, format!("{}|{a}", n + 1))
                 .ignore();
         }
     } else if what.expiry {
