@@ -57,7 +57,7 @@
 --   usage    the hourly counters (when asked for), each a redis.pcall after
 --            every pool write: a damaged counter hash never fails a call
 
-local SKIP_MAX = 1000
+local SKIP_MAX = 800
 local FEW = 2000
 local SPENT_READ = 1000
 local SPENT_DRAIN = 256
@@ -94,6 +94,8 @@ local function read_request(keys, argv)
   local X = {count = count, requested = argv[2], all = mode == 'allOrNothing', reserve = reserve,
              rid = argv[5]}
   local groups, at = argv[6] or '', 7
+  -- The caller's last round: answer from what this call reaches.
+  X.settle = find(groups, 's', 1, true) ~= nil
   if find(groups, 'f', 1, true) then
     -- Naming every protocol does not restrict; an unknown one matches nothing.
     local fp = read_dim(argv[at])
@@ -452,7 +454,8 @@ local function open_atom(X, atom, page)
   local prefix = atom .. '|'
   local m = call('ZRANGEBYLEX', K.ax, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, page)
   local cur = {atom = atom, prefix = prefix, from = #atom + 2, m = m, i = 1, page = page,
-               short = #m < page, recs = {}, burst = 1, ex_m = {}, ex_f = {}, ex_r = {}}
+               short = #m < page, recs = {}, burst = 1, ex_m = {}, ex_f = {}, ex_r = {},
+               tkey = prefix .. X.t13}
   X.cursors[#X.cursors + 1] = cur
   if #m == 0 then
     cur.done = true
@@ -471,9 +474,9 @@ local function load_records(X, cur, i)
   cur.burst = min(n * 4, 256)
   if not cur.passed then n = min(n, X.target - X.found) end
   local ids, at = {}, {}
-  local m, from, t13 = cur.m, cur.from, X.t13
+  local m, from, tkey = cur.m, cur.from, cur.tkey
   for j = i, min(#m, i + n - 1) do
-    if sub(m[j], from, from + 12) >= t13 then
+    if m[j] >= tkey then
       ids[#ids + 1] = sub(m[j], from + 14)
       at[#ids] = j
     end
@@ -507,34 +510,51 @@ local function step_range(X, h, cur)
   if ac then heap_push(h, ac) end
 end
 
--- An atom cursor's entry has come first: judged, recorded, passed.
+-- An atom cursor's entry has come first: judged, recorded, passed; and
+-- so are the entries after it that still come before every other cursor
+-- (a run of spent entries costs a compare and a judgement each, no heap
+-- step). Members compare as keys: the cursor's own share one prefix.
 local function step_entry(X, h, cur)
-  local i = cur.i
-  local member = cur.m[i]
-  local fate, raw, handed
-  if sub(member, cur.from, cur.from + 12) < X.t13 then
-    fate = SPENT
-  else
-    raw = cur.recs[i]
-    if raw == nil then
-      load_records(X, cur, i)
-      raw = cur.recs[i]
+  local limit
+  if h[2] then
+    local bound = h[2].key
+    if h[3] and h[3].key < bound then bound = h[3].key end
+    limit = cur.prefix .. bound
+  end
+  local m, i, tkey, from = cur.m, cur.i, cur.tkey, cur.from
+  local recs, ex_m, ex_f, ex_r = cur.recs, cur.ex_m, cur.ex_f, cur.ex_r
+  local n, found, skipped, target = #ex_m, X.found, X.skipped, X.target
+  repeat
+    local member = m[i]
+    local fate, raw, handed
+    if member < tkey then
+      fate = SPENT
+    else
+      raw = recs[i]
+      if raw == nil then
+        X.found = found
+        load_records(X, cur, i)
+        recs = cur.recs
+        raw = recs[i]
+      end
+      fate, handed = judge(raw, member)
     end
-    fate, handed = judge(raw, member)
-  end
-  local n = #cur.ex_m + 1
-  cur.ex_m[n], cur.ex_f[n], cur.ex_r[n] = member, fate, raw
-  if fate == ELIGIBLE then
-    local found = X.found + 1
-    X.found = found
-    X.taken[found], X.taken_m[found], X.taken_id[found] = handed, member, sub(member, cur.from + 14)
-  else
-    X.skipped = X.skipped + 1
-    cur.passed = true
-  end
-  cur.i = i + 1
-  if cur.i <= #cur.m or next_page(cur, K.ax) then
-    cur.key = sub(cur.m[cur.i], cur.from)
+    n = n + 1
+    ex_m[n], ex_f[n] = member, fate
+    if fate == ELIGIBLE then
+      found = found + 1
+      X.taken[found], X.taken_m[found], X.taken_id[found] = handed, member, sub(member, from + 14)
+    else
+      if fate == JUNK then ex_r[n] = raw end
+      if not cur.passed then cur.passed = true end
+      skipped = skipped + 1
+    end
+    i = i + 1
+  until found >= target or skipped >= SKIP_MAX or not m[i] or (limit and m[i] > limit)
+  X.found, X.skipped = found, skipped
+  cur.i = i
+  if i <= #m or next_page(cur, K.ax) then
+    cur.key = sub(cur.m[cur.i], from)
     heap_down(h, 1)
   else
     cur.done = true
@@ -600,7 +620,7 @@ local function walked_changes(X, w, ix, taking, known)
   local junk = {}
   for _, cur in ipairs(X.cursors) do
     local atom, from = cur.atom, cur.from
-    local run, first, last, survivor = true, nil, nil, nil
+    local run, first, last, survivor, passed = true, nil, nil, nil, 0
     for k = 1, #cur.ex_m do
       local m, fate = cur.ex_m[k], cur.ex_f[k]
       if fate == ELIGIBLE and not taking then
@@ -610,7 +630,9 @@ local function walked_changes(X, w, ix, taking, known)
         if fate == JUNK then
           junk[#junk + 1] = {m, atom, sub(m, from), cur.ex_r[k]}
         elseif fate == SPENT then
-          ix_remove(ix, atom, sub(m, from), false)   -- out of ax only: still counted
+          -- Out of ax only (still counted); a run from the slice's start
+          -- is noted as its last key.
+          if run then passed = passed + 1 else ix_remove(ix, atom, sub(m, from), false) end
         else
           ix_remove(ix, atom, sub(m, from), true)    -- taken
           push2(w.due_set, '1' .. sub(m, from, from + 12), m)
@@ -624,6 +646,7 @@ local function walked_changes(X, w, ix, taking, known)
       end
     end
     if first then push2(w.ax_ranges, '[' .. first, '[' .. last) end
+    if passed > 0 then ix_remove_run(ix, atom, sub(last, from), passed) end
     if ix.by[atom] and known then
       if survivor then ix_next(ix, atom, survivor)
       elseif not cur.done then ix_next(ix, atom, sub(cur.m[cur.i], from))
@@ -656,8 +679,8 @@ end
 -- matching ones in expiry order replace the walk's finds. Returns false
 -- when there are more.
 local function read_all_eligible(X)
-  local members = call('ZRANGEBYSCORE', K.due, '(' .. NOW13, BAND1, 'LIMIT', 0, FEW + 1)
-  if #members > FEW then return false end
+  if call('ZCOUNT', K.due, '(' .. NOW13, BAND1) > FEW then return false end
+  local members = call('ZRANGEBYSCORE', K.due, '(' .. NOW13, BAND1)
   local order = {}
   for i = 1, #members do
     local p, r, c, u, e13, id = split_locator(members[i])
@@ -869,6 +892,13 @@ local function take_first(X)
   return true
 end
 
+-- `allOrNothing` cannot be met: `available` can be handed out ("backlog":
+-- at most that many could be reached past spent entries on the last round).
+local function short(X, available)
+  count_usage(X, 'short')
+  return {'insufficient', tostring(available), NOW13, X.backlog and 'backlog' or nil}
+end
+
 local function extract(keys, argv)
   bind_keys(keys)
   clock()
@@ -884,17 +914,18 @@ local function extract(keys, argv)
   X.target = X.count
   if X.reserve > 0 and not X.nothing then
     local eligible = count_eligible(X, w, ix)
-    if not eligible then
+    if not eligible and not X.settle then
       local refused = commit(w, ix)
       return refused or {'again'}
     end
-    X.available = max(0, eligible - X.reserve)
+    -- Uncountable on the last round: nothing can be spared for the caller.
+    X.backlog = not eligible
+    X.available = max(0, (eligible or 0) - X.reserve)
     X.target = min(X.count, X.available)
     if X.all and X.available < X.count then
       local refused = commit(w, ix)
       if refused then return refused end
-      count_usage(X, 'short')
-      return {'insufficient', tostring(X.available), NOW13}
+      return short(X, X.available)
     end
   end
   if X.target == 1 and X.reserve == 0 and not X.nothing and (X.enumerate or not X.check) then
@@ -910,12 +941,16 @@ local function extract(keys, argv)
   walk(X)
   -- Decide.
   local walked = true
-  if X.stuck then
-    if not read_all_eligible(X) then
+  if X.stuck and not read_all_eligible(X) then
+    if not X.settle then
       walked_changes(X, w, ix, false, true)
       local refused = commit(w, ix)
       return refused or {'again'}
     end
+    -- The last round answers from the entries the walk reached.
+    X.stuck, X.backlog = false, true
+  end
+  if X.stuck then
     walked = false
     local available = max(0, X.eligible - X.reserve)
     local take = min(X.count, available)
@@ -923,8 +958,7 @@ local function extract(keys, argv)
       walked_changes(X, w, ix, false, true)
       local refused = commit(w, ix)
       if refused then return refused end
-      count_usage(X, 'short')
-      return {'insufficient', tostring(available), NOW13}
+      return short(X, available)
     end
     walked_changes(X, w, ix, false, false)
     if not take_sorted(X, w, ix, take) then
@@ -935,8 +969,7 @@ local function extract(keys, argv)
     walked_changes(X, w, ix, false, true)
     local refused = commit(w, ix)
     if refused then return refused end
-    count_usage(X, 'short')
-    return {'insufficient', tostring(X.found), NOW13}
+    return short(X, X.found)
   else
     walked_changes(X, w, ix, true, true)
   end

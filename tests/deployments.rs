@@ -489,9 +489,9 @@ fn calls_of(calls: &std::collections::BTreeMap<String, u64>, command: &str) -> u
 }
 
 /// The scripts run as Redis Functions: the library is loaded once (by the
-/// first readiness check), every later script call is one `FCALL` (none
-/// by `EVALSHA`), and after a `FUNCTION FLUSH` the next call finds no
-/// function, loads the library again and is answered.
+/// first script call, never by readiness), every later script call is one
+/// `FCALL` (none by `EVALSHA`), and after a `FUNCTION FLUSH` the next call
+/// finds no function, loads the library again and is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_function_library_is_loaded_once() {
     let server = RedisServer::start()
@@ -528,6 +528,71 @@ async fn the_function_library_is_loaded_once() {
     let calls = calls_on(&server.url()).await;
     assert_eq!(calls_of(&calls, "function|load"), 2, "{calls:?}");
     assert!(pool.uses_functions());
+}
+
+/// Readiness is cheap and writes nothing: 100 probes against a 3-master
+/// cluster whose nodes have no function library run no `FUNCTION LOAD`, no
+/// script and no write on any master: a PING to each master, an `INFO` and
+/// an `HGET` on the pool's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_probes_write_nothing() {
+    let nodes = start_cluster().await;
+    let (_, app) = cluster_pool(&nodes, "probe", 3).await;
+    for n in &nodes {
+        info(&mut connect(&n.url()).await, &["FUNCTION", "FLUSH"]).await;
+    }
+    let before: Vec<_> = commands_on_every_node(&nodes).await;
+    for _ in 0..100 {
+        assert_eq!(ready(&app).await.status, 200);
+    }
+    let after: Vec<_> = commands_on_every_node(&nodes).await;
+    let reads = [
+        "ping",
+        "info",
+        "hget",
+        "cluster|slots",
+        "cluster|nodes",
+        "cluster|shards",
+        "command",
+        "command|docs",
+        "client|setinfo",
+        "hello",
+        "readonly",
+        "auth",
+        "select",
+    ];
+    let mut read_calls = 0;
+    let mut by_command = std::collections::BTreeMap::new();
+    for (b, a) in before.iter().zip(&after) {
+        for (command, n) in a {
+            let delta = n - b.get(command).copied().unwrap_or(0);
+            if delta == 0 {
+                continue;
+            }
+            assert!(
+                reads.contains(&command.as_str()),
+                "a probe ran {command} ({delta} times)"
+            );
+            read_calls += delta;
+            *by_command.entry(command.clone()).or_insert(0) += delta;
+        }
+    }
+    // A PING to every master (the cluster client's), two INFO sections and
+    // an HGET on the pool's.
+    assert!(
+        read_calls <= 100 * 7,
+        "{read_calls} commands for 100 probes: {by_command:?}"
+    );
+}
+
+async fn commands_on_every_node(
+    nodes: &[RedisServer],
+) -> Vec<std::collections::BTreeMap<String, u64>> {
+    let mut out = Vec::new();
+    for n in nodes {
+        out.push(calls_on(&n.url()).await);
+    }
+    out
 }
 
 /// `PROXY_POOL_REDIS_FUNCTIONS=false`: every script runs by `EVALSHA`, and

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::{Harness, Planted, index_locators, now_ms, plant, proxies, proxy, raw_record};
 use proxy_pool::clock::parse_rfc3339;
-use proxy_pool::pool::{ContractOp, UpsertStatus, Verdict, keys};
+use proxy_pool::pool::{ContractOp, OutageClass, UpsertStatus, Verdict, keys};
+use proxy_pool::security::RegistryHandle;
 
 /// 64 concurrent extractions over 40 proxies: no proxy twice, never more
 /// than were eligible, and the pool ends empty.
@@ -421,6 +422,134 @@ async fn out_of_memory_is_503_and_changes_nothing() {
         .unwrap();
     assert_eq!(h.snapshot().await, before);
     assert_eq!(h.extract(r#"{"count":2}"#, &[]).await.ids().len(), 2);
+}
+
+/// Under `volatile-lru` (ElastiCache's default) and under `noeviction`, a
+/// Redis filled past its `maxmemory` answers writes 503 and loses nothing:
+/// no pool key carries a TTL, so no eviction can take a proxy, an index
+/// entry or an idempotency record in force. Rate-limit keys (with their
+/// TTL) may go. Once memory is freed, a retried request replays and every
+/// proxy is still there.
+#[tokio::test]
+async fn a_full_redis_loses_nothing_under_volatile_or_no_eviction() {
+    for policy in ["volatile-lru", "noeviction"] {
+        let h = Harness::with_redis_args(
+            &["--maxmemory-policy", policy],
+            |c| c.client_rate = None,
+            RegistryHandle::default(),
+        )
+        .await;
+        h.load(&proxies("keep", 50)).await;
+        let key = [("idempotency-key", "full-redis-0001")];
+        let first = h.extract(r#"{"count":2}"#, &key).await;
+        assert_eq!(first.ids().len(), 2);
+        let mut conn = h.redis().await;
+        let used: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let used: u64 = used
+            .lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(used + 256 * 1024)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // Volatile keys to evict (as rate-limit state would be), then a fill
+        // until Redis refuses.
+        for i in 0..64 {
+            let _: () = redis::cmd("SET")
+                .arg(format!("{{pp}}:rl:filler:{i}"))
+                .arg("x".repeat(1024))
+                .arg("EX")
+                .arg(3600)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or(());
+        }
+        let before = common::model::pool_state(&h.pool).await.unwrap();
+        let mut refused = None;
+        for round in 0..200 {
+            let batch = proxies(&format!("fill{round}"), 100);
+            if let Err(e) = h.pool.upsert(&batch).await {
+                refused = Some(e);
+                break;
+            }
+        }
+        let refused = refused.expect("the fill reached maxmemory");
+        assert_eq!(
+            refused.outage_class(),
+            Some(OutageClass::Capacity),
+            "{policy}"
+        );
+        let r = h.extract(r#"{"count":1}"#, &[]).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (503, "SERVICE_UNAVAILABLE"),
+            "{policy}"
+        );
+        // Nothing the pool holds was evicted: its records, index and the
+        // idempotency record (the fill may have added some proxies first).
+        let during = common::model::pool_state(&h.pool).await.unwrap();
+        for (id, record) in &before.records {
+            assert_eq!(during.records.get(id), Some(record), "{policy}: {id}");
+        }
+        for (loc, d) in &before.index {
+            assert_eq!(during.index.get(loc), Some(d), "{policy}: {loc}");
+        }
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let retry = h.extract(r#"{"count":2}"#, &key).await;
+        assert_eq!(
+            retry.header("idempotent-replayed"),
+            Some("true"),
+            "{policy}"
+        );
+        assert_eq!(retry.body, first.body);
+    }
+}
+
+/// Readiness under an `allkeys-*` eviction policy, which may evict the
+/// pool's keys: 503, reason `eviction-policy`; `volatile-lru` is ready.
+#[tokio::test]
+async fn readiness_refuses_an_allkeys_eviction_policy() {
+    let h = Harness::with_redis_args(
+        &["--maxmemory-policy", "allkeys-lru"],
+        |_| {},
+        RegistryHandle::default(),
+    )
+    .await;
+    let r = h.get("/health/ready").await;
+    assert_eq!(
+        (r.status, r.code()),
+        (503, "SERVICE_UNAVAILABLE"),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.header("readiness-reasons"), Some("eviction-policy"));
+    assert!(!r.body.contains("allkeys"), "{}", r.body);
+    let mut conn = h.redis().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("volatile-lru")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(h.get("/health/ready").await.status, 200);
 }
 
 /// After SCRIPT FLUSH (restart, failover) the script is reloaded transparently.

@@ -73,7 +73,7 @@ local function push2(list, a, b)
 end
 
 -- Index changes of one call, by atom: {delta (of its count), rem (keys
--- removed from ax), nrem, add (the least key added to ax), next (the first
+-- removed from ax), run_to (every key up to it removed), nrem, add (the least key added to ax), next (the first
 -- entry of ax that stays, when the caller knows it: a key, or false)}.
 local function new_changes()
   return {order = {}, by = {}}
@@ -109,6 +109,19 @@ local function ix_add(ix, atom, key, counted)
   if not a.add or key < a.add then a.add = key end
 end
 
+-- The first `n` entries of the atom's slice in ax, up to `last` (a key),
+-- leave it (still counted).
+local function ix_remove_run(ix, atom, last, n)
+  local a = touch(ix, atom)
+  if not a.run_to or last > a.run_to then a.run_to = last end
+  a.nrem = a.nrem + n
+end
+
+-- Whether this call takes the entry `key` out of the atom's slice.
+local function removed(a, key)
+  return (a.run_to and key <= a.run_to) or (a.rem and a.rem[key]) or false
+end
+
 -- The caller knows the first entry of the atom left after its removals.
 local function ix_next(ix, atom, key)
   local a = ix.by[atom]
@@ -123,7 +136,7 @@ local function probe_survivor(a)
   local from = #prefix + 1
   for i = 1, #page do
     local key = sub(page[i], from)
-    if not (a.rem and a.rem[key]) then return key end
+    if not removed(a, key) then return key end
   end
   return nil
 end
@@ -218,7 +231,7 @@ local function plan_index(ix, w, extra)
       if a.fix then
         -- Its heads disagreed with ax (damage): the truth is read.
         if a.next ~= nil then survivor = a.next or nil else survivor = probe_survivor(a) end
-      elseif k_old and not (a.rem and a.rem[k_old]) then
+      elseif k_old and not removed(a, k_old) then
         survivor = k_old
       elseif a.next ~= nil then
         survivor = a.next or nil

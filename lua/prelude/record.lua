@@ -96,10 +96,21 @@ end
 local ELIGIBLE, SPENT, JUNK = 1, 2, 3
 local INDEXED_HEAD = '^[AR]1' .. D13
 local DETAILS = '^\t[^\t%s]+\t(%d%d?%d?%d?%d?)\t[^\t]*\t[^\t]*()\t%d+\t(%d+)\t(%d+)\t[^\t]*$'
-local function judge(raw, loc)
-  if not (raw and find(raw, INDEXED_HEAD) and find(raw, loc, LOC_AT, true) == LOC_AT) then
-    return JUNK
+-- Bounds for spent(): "A1" or "R1", then NOW13 (rebuilt when the clock moves).
+local SPENT_A, SPENT_R, SPENT_AT
+-- Whether `raw` is an indexed record whose D has passed: two string
+-- comparisons (no pattern, no new string), as a run of spent entries needs.
+local function spent(raw)
+  if SPENT_AT ~= NOW13 then
+    SPENT_A, SPENT_R, SPENT_AT = 'A1' .. NOW13 .. ':', 'R1' .. NOW13 .. ':', NOW13
   end
+  return (raw >= 'A1' and raw < SPENT_A) or (raw >= 'R1' and raw < SPENT_R)
+end
+
+local function judge(raw, loc)
+  if not raw or find(raw, loc, LOC_AT, true) ~= LOC_AT then return JUNK end
+  if spent(raw) then return SPENT end
+  if not find(raw, INDEXED_HEAD) then return JUNK end
   if sub(raw, 3, 15) <= NOW13 then return SPENT end
   local port, cut, active, reserved = match(raw, DETAILS, LOC_AT + #loc)
   if not port or tonumber(port) > 65535

@@ -208,6 +208,7 @@ async fn ready(app: &App, request_id: &RequestId) -> Result<Response<Body>, Prob
             let reason = match e.outage_class() {
                 Some(OutageClass::Policy) => Reason::PoolPolicyMismatch,
                 Some(OutageClass::Layout) => Reason::PoolLayoutMismatch,
+                Some(OutageClass::Eviction) => Reason::EvictionPolicy,
                 _ => Reason::RedisUnavailable,
             };
             let problem = pool_problem(e);
@@ -329,9 +330,17 @@ async fn admitted(
             ))
         }
         ExtractionOutcome::KeyReused => Err(Problem::idempotency_key_reused()),
-        ExtractionOutcome::Insufficient { available, .. } => {
+        ExtractionOutcome::Insufficient {
+            available,
+            behind_backlog,
+            ..
+        } => {
             log.returned = Some(0);
-            Err(Problem::insufficient_proxies(decoded.count, available))
+            Err(if behind_backlog {
+                Problem::insufficient_behind_backlog(decoded.count, available)
+            } else {
+                Problem::insufficient_proxies(decoded.count, available)
+            })
         }
     }
 }
@@ -343,7 +352,7 @@ fn pool_problem(e: PoolError) -> Problem {
     match e {
         PoolError::Unavailable(outage) if outage.class == OutageClass::Policy => {
             tracing::error!(class = outage.class.as_str(), error = %outage, "pool policy mismatch");
-            Problem::pool_policy_mismatch(outage.detail)
+            Problem::pool_policy_mismatch()
         }
         PoolError::Unavailable(outage) if outage.class == OutageClass::Layout => {
             tracing::error!(class = outage.class.as_str(), error = %outage, "pool layout mismatch");

@@ -48,6 +48,8 @@ pub enum Reason {
     PoolPolicyMismatch,
     /// The pool records another layout version than this deployment reads.
     PoolLayoutMismatch,
+    /// Redis runs an `allkeys-*` eviction policy, which may evict the pool.
+    EvictionPolicy,
     /// The client registry was never loaded: authenticated callers get 503.
     ClientRegistryMissing,
     /// The client registry copy in use is older than its refresh period.
@@ -65,6 +67,7 @@ impl Reason {
             Self::RedisUnavailable => "redis-unavailable",
             Self::PoolPolicyMismatch => "pool-policy-mismatch",
             Self::PoolLayoutMismatch => "pool-layout-mismatch",
+            Self::EvictionPolicy => "eviction-policy",
             Self::ClientRegistryMissing => "client-registry-missing",
             Self::ClientRegistryStale => "client-registry-stale",
             Self::UsageUnflushed => "usage-unflushed",

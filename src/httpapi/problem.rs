@@ -150,6 +150,20 @@ impl Problem {
         )
     }
 
+    /// 409: `allOrNothing` could not be met from what the extraction could
+    /// reach past a backlog of spent entries (a stalled health checker); the
+    /// index is being cleared, so a retry soon may succeed.
+    pub fn insufficient_behind_backlog(requested: u32, reached: u64) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "INSUFFICIENT_PROXIES",
+            "Insufficient proxies",
+            format!(
+                "requested {requested} proxies but only {reached} could be reached past a backlog of expired or stale entries now being cleared; retry shortly"
+            ),
+        )
+    }
+
     /// 409: an `Idempotency-Key` reused with another request body.
     pub fn idempotency_key_reused() -> Self {
         Self::new(
@@ -192,13 +206,13 @@ impl Problem {
     }
 
     /// 503: this deployment's pool policy is not the one the pool records
-    /// (`detail` names both; configuration values, nothing secret).
-    pub fn pool_policy_mismatch(detail: String) -> Self {
+    /// (the values go to the log, not to the public body).
+    pub fn pool_policy_mismatch() -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "POOL_POLICY_MISMATCH",
             "Service unavailable",
-            detail,
+            "the pool records another policy than this deployment's".into(),
         )
     }
 

@@ -83,6 +83,8 @@ pub enum OutageClass {
     /// The pool records another layout version than this deployment reads
     /// (`LAYOUT`): a deployment or a migration to make.
     Layout,
+    /// Redis runs an `allkeys-*` eviction policy, which may evict the pool.
+    Eviction,
 }
 
 impl OutageClass {
@@ -101,6 +103,7 @@ impl OutageClass {
             Self::Version => "version",
             Self::Policy => "policy",
             Self::Layout => "layout",
+            Self::Eviction => "eviction",
         }
     }
 }

@@ -135,6 +135,9 @@ pub enum ExtractionOutcome {
         available: u64,
         /// The Redis clock it was decided at, Unix ms.
         at_ms: i64,
+        /// `available` is what could be reached past a backlog of spent
+        /// entries (the index is being cleared), not an exact count.
+        behind_backlog: bool,
     },
     /// Committed (or replayed) on the primary, but fewer replicas than
     /// configured acknowledged it in time: not to be handed to the client,

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
-use redis::{FromRedisValue, RedisError, Script};
+use redis::{FromRedisValue, RedisError};
 
 use super::acknowledger::{Acked, Acknowledger};
 use super::connection::{PoolConnection, RedisOptions, ScriptConnection};
@@ -38,21 +38,18 @@ const UPSERT_BATCH: usize = 128;
 /// The oldest Redis the scripts run on (Valkey reports its Redis level):
 /// they use `TIME` before writes, shebang flags, `ZMSCORE` and Functions.
 const MIN_REDIS: (u32, u32) = (7, 0);
-/// Reports the server's version to the version check: `redis.REDIS_VERSION`
-/// (Redis 7.0 on), else `redis_version` from `INFO server`. A script, so in
-/// cluster mode it runs on the primary that owns the pool's slot.
-static VERSION: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        "if redis.REDIS_VERSION then return redis.REDIS_VERSION end \
-         return string.match(redis.call('INFO', 'server'), 'redis_version:([%d%.]+)') or ''",
-    )
-});
-
 /// Most calls of `lua/extract.lua` for one extraction: a call that answers
 /// "again" has taken spent or damaged entries out of the index (at most
 /// 1,000, a few milliseconds of Redis time, for good), and the next one
-/// starts past them. The calls also stop at half the Redis timeout.
-const MAX_EXTRACT_ROUNDS: u32 = 512;
+/// starts past them. The rounds also stop after [`EXTRACT_ROUNDS_BUDGET`]
+/// (or half the Redis timeout, if shorter); then one last call answers from
+/// what it reaches (a stale backlog is an empty 200 or a 409, never a 503).
+const MAX_EXTRACT_ROUNDS: u32 = 64;
+/// Time one extraction spends clearing a backlog before its last call.
+const EXTRACT_ROUNDS_BUDGET: Duration = Duration::from_millis(100);
+/// The position of the extraction's argument groups among its arguments
+/// (after the policy, count, fulfillment, reserve and request id).
+const EXTRACT_GROUPS_ARG: usize = 5;
 
 /// A filter as `lua/extract.lua` takes it: `*` does not restrict; else
 /// each value preceded by a newline (no value: nothing matches).
@@ -246,14 +243,17 @@ impl RedisPool {
         });
     }
 
-    /// Readiness: Redis answers, runs a supported version, and the
-    /// extraction script is loaded (the function library, or the script).
+    /// Readiness, in a few read-only commands: Redis answers (`PING`), the
+    /// server holding the pool runs a supported version under an eviction
+    /// policy that cannot take the pool's keys (`INFO`), and the pool
+    /// records this deployment's layout and policy (`HGET`). Nothing is
+    /// loaded or written: the scripts load themselves on first use.
     pub async fn ping(&self) -> Result<(), PoolError> {
         let mut conn = self.link().conn;
         self.bounded(async {
             ping(&mut conn).await?;
-            self.check_version(&mut conn).await?;
-            self.load_scripts(&mut conn, &[&scripts::EXTRACT]).await?;
+            self.check_version(&server_info(&mut conn, "server").await?)?;
+            check_eviction(&server_info(&mut conn, "memory").await?)?;
             self.check_policy(&mut conn).await
         })
         .await
@@ -341,13 +341,8 @@ impl RedisPool {
     /// Refuses a server older than [`MIN_REDIS`] with an error naming its
     /// version, instead of letting a script fail on a missing feature.
     /// Checked on readiness and before the first script; success is kept.
-    async fn check_version(
-        &self,
-        conn: &mut (impl ConnectionLike + Send),
-    ) -> Result<(), PoolError> {
-        let mut inv = VERSION.prepare_invoke();
-        inv.key(keys::COUNTS);
-        let version: String = inv.invoke_async(conn).await?;
+    fn check_version(&self, info: &str) -> Result<(), PoolError> {
+        let version = info_field(info, "redis_version").unwrap_or_default();
         let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
         let found = match (parts.next().flatten(), parts.next().flatten()) {
             (Some(major), Some(minor)) => (major, minor),
@@ -357,7 +352,7 @@ impl RedisPool {
             let shown = if version.is_empty() {
                 "older than 7.0"
             } else {
-                version.as_str()
+                version
             };
             return Err(PoolError::unavailable(
                 OutageClass::Version,
@@ -416,14 +411,14 @@ impl RedisPool {
         let link = self.link();
         let Some(acks) = &link.acks else {
             let reply = self
-                .run_extract(&mut link.conn.clone(), &inv, retry_on_drop)
+                .run_extract(&mut link.conn.clone(), &mut inv, retry_on_drop)
                 .await?;
             return parse_extract_reply(&reply);
         };
         // With replica acks: batched with concurrent extractions, in one
         // write with the `WAIT` that confirms them all.
         let mut conn = acks.connection();
-        let reply = self.run_extract(&mut conn, &inv, retry_on_drop).await?;
+        let reply = self.run_extract(&mut conn, &mut inv, retry_on_drop).await?;
         let acked = conn.acknowledged();
         let outcome = parse_extract_reply(&reply)?;
         if !matches!(
@@ -444,14 +439,16 @@ impl RedisPool {
 
     /// The extraction script on `conn`, bounded, repeated while it only
     /// cleaned the index ("again": bounded work per call; the next call
-    /// answers exactly).
+    /// answers exactly). Once the rounds are spent, a last call (its groups
+    /// marked `s`) answers from what it reaches.
     async fn run_extract(
         &self,
         conn: &mut impl ScriptConnection,
-        inv: &Invocation<'_>,
+        inv: &mut Invocation<'_>,
         retry_on_drop: bool,
     ) -> Result<Vec<String>, PoolError> {
         let started = Instant::now();
+        let budget = EXTRACT_ROUNDS_BUDGET.min(self.timeout / 2);
         self.bounded(async {
             for round in 1..=MAX_EXTRACT_ROUNDS {
                 let reply: Vec<String> = self.call(conn, inv, retry_on_drop).await?;
@@ -461,14 +458,19 @@ impl RedisPool {
                     }
                     return Ok(reply);
                 }
-                if started.elapsed() > self.timeout / 2 {
+                if started.elapsed() > budget {
                     break;
                 }
             }
-            Err(PoolError::unavailable(
-                OutageClass::Busy,
-                "the index holds more spent entries ahead than one extraction clears; the scheduled prune clears them",
-            ))
+            tracing::info!("a backlog of spent entries outlasted the extraction's rounds");
+            inv.append_to_arg(EXTRACT_GROUPS_ARG, b"s");
+            let reply: Vec<String> = self.call(conn, inv, retry_on_drop).await?;
+            if reply.len() == 1 && reply[0] == "again" {
+                return Err(PoolError::Internal(
+                    "the last extraction round answered again".into(),
+                ));
+            }
+            Ok(reply)
         })
         .await
     }
@@ -580,7 +582,7 @@ impl RedisPool {
             ping(conn).await?;
         }
         if !self.version_checked.load(Ordering::Relaxed) {
-            self.check_version(conn).await?;
+            self.check_version(&server_info(conn, "server").await?)?;
         }
         let mut repeats = 0;
         loop {
@@ -693,6 +695,40 @@ impl RedisPool {
     }
 }
 
+/// One `INFO` section of the server holding the pool (in a Cluster, the
+/// master owning `{pp}`): read only. (One section per call: Redis before
+/// 7.0, refused by name, takes no more.)
+async fn server_info(conn: &mut impl ScriptConnection, section: &str) -> Result<String, PoolError> {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg(section);
+    let reply = conn.send_to_pool_node(&cmd).await?;
+    Ok(String::from_redis_value(reply).map_err(RedisError::from)?)
+}
+
+/// A field of an `INFO` reply.
+fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(str::trim)
+    })
+}
+
+/// Refuses an `allkeys-*` eviction policy: it may evict any key, the
+/// pool's records, index and idempotency records included (none of which
+/// carries a TTL, so `noeviction` and every `volatile-*` policy are safe).
+fn check_eviction(info: &str) -> Result<(), PoolError> {
+    match info_field(info, "maxmemory_policy") {
+        Some(policy) if policy.starts_with("allkeys-") => Err(PoolError::unavailable(
+            OutageClass::Eviction,
+            format!(
+                "maxmemory-policy is {policy}: it can evict the pool's keys; use noeviction or a volatile-* policy (docs/deploy.md)"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The refusal of a pool of another layout (version `pool`), naming both.
 fn layout_mismatch(pool: &str) -> PoolError {
     PoolError::unavailable(
@@ -766,9 +802,10 @@ fn parse_extract_reply(reply: &[String]) -> Result<ExtractionOutcome, PoolError>
         [tag, result] if tag == "ok" => ExtractionOutcome::Committed(committed(result)?),
         [tag, result] if tag == "replay" => ExtractionOutcome::Replayed(committed(result)?),
         [tag] if tag == "conflict" => ExtractionOutcome::KeyReused,
-        [tag, n, at] if tag == "insufficient" => ExtractionOutcome::Insufficient {
+        [tag, n, at, rest @ ..] if tag == "insufficient" => ExtractionOutcome::Insufficient {
             available: n.parse().unwrap_or(0),
             at_ms: at.parse().unwrap_or(0),
+            behind_backlog: rest.first().is_some_and(|b| b == "backlog"),
         },
         _ => return Err(PoolError::Internal("unexpected extract reply".into())),
     })

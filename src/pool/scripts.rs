@@ -234,6 +234,14 @@ impl Invocation<'_> {
         self
     }
 
+    /// Appends `bytes` to the argument at `index` (0-based; a missing one
+    /// is left alone).
+    pub(super) fn append_to_arg(&mut self, index: usize, bytes: &[u8]) {
+        if let Some(arg) = self.args.get_mut(index) {
+            arg.extend_from_slice(bytes);
+        }
+    }
+
     /// The `FCALL` of this call (routed in a cluster by its first key).
     pub(super) fn fcall_cmd(&self) -> Cmd {
         let mut cmd = redis::cmd("FCALL");

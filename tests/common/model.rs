@@ -594,6 +594,7 @@ impl MemoryPool {
             return ExtractionOutcome::Insufficient {
                 available: u64::from(available),
                 at_ms: now,
+                behind_backlog: false,
             };
         }
         let mut proxies = Vec::with_capacity(take);
