@@ -645,7 +645,11 @@ local function walked_changes(X, w, ix, taking, known)
         end
       end
     end
-    if first then push2(w.ax_ranges, '[' .. first, '[' .. last) end
+    if first == last then
+      if first then w.ax_rem[#w.ax_rem + 1] = first end
+    else
+      push2(w.ax_ranges, '[' .. first, '[' .. last)
+    end
     if passed > 0 then ix_remove_run(ix, atom, sub(last, from), passed) end
     if ix.by[atom] and known then
       if survivor then ix_next(ix, atom, survivor)
