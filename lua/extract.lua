@@ -57,7 +57,7 @@
 --   usage    the hourly counters (when asked for), each a redis.pcall after
 --            every pool write: a damaged counter hash never fails a call
 
-local SKIP_MAX = 800
+local SKIP_MAX = 400
 local FEW = 2000
 local SPENT_READ = 1000
 local SPENT_DRAIN = 256
@@ -166,6 +166,8 @@ end
 -- are enumerated instead (X.enumerate: per protocol, the values of R, C
 -- and U): looked up in cnt, never skipped.
 local DIMS = {'R', 'C', 'U'}
+-- Named combinations enumerated whatever the walk would cost.
+local ENUMERATE_ALWAYS = 256
 local function plan_enumeration(X, protocols, dims, fields, counts, volume)
   local per, restricted = {}, {}
   for i = 1, #protocols do per[i] = {} end
@@ -200,7 +202,18 @@ local function plan_enumeration(X, protocols, dims, fields, counts, volume)
   end
   local product = 0
   for i = 1, #protocols do product = product + #per[i].R * #per[i].C * #per[i].U end
-  if product <= volume then X.enumerate = {protocols = protocols, per = per} end
+  -- Enumerating costs a counter read for each of the `product` combinations
+  -- named; walking the grouping skips at most the `volume - product`
+  -- heads it holds that are not named, when every named one exists (more
+  -- when some do not: a walk that skips more than `product` heads starts
+  -- again, enumerating).
+  local e = {protocols = protocols, per = per}
+  if product <= ENUMERATE_ALWAYS or product <= volume - product then
+    X.enumerate = e
+  else
+    X.fallback, X.skip_heads_max = e, product
+  end
+  X.product = product
 end
 
 -- The combinations an enumerated plan names (X.enumerate) and their
@@ -228,6 +241,31 @@ end
 -- the ranges of a single restricted grouping (X.entries). One HMGET of the
 -- named grouping values' counters: a value no combination has drops out
 -- unread, and nothing is written for it.
+-- The dimensions that restrict: one naming every value the pool holds for
+-- each protocol asked (its value lists, one HMGET) matches every
+-- combination, and is dropped (from the plan and from the checks).
+local function uncovered(X, protocols, dims)
+  local lists = {}
+  for _, d in ipairs(dims) do
+    for i = 1, #protocols do lists[#lists + 1] = 'V|' .. d.letter .. '|' .. protocols[i] end
+  end
+  local got = call('HMGET', K.cnt, unpack(lists))
+  local kept, k = {}, 0
+  for _, d in ipairs(dims) do
+    local named, covered = X.f[d.at].set, true
+    for _ = 1, #protocols do
+      k = k + 1
+      if covered then
+        for v in gmatch(got[k] or '', '\n([^\n]*)') do
+          if not named[v] then covered = false; break end
+        end
+      end
+    end
+    if covered then X.f[d.at] = false else kept[#kept + 1] = d end
+  end
+  return kept
+end
+
 local function plan(X)
   local f = X.f
   for i = 1, 4 do
@@ -235,13 +273,21 @@ local function plan(X)
   end
   local protocols = f[1] and f[1].list or PROTOCOLS
   local dims = {}
-  if f[2] then dims[#dims + 1] = {letter = 'R', values = f[2].list} end
-  if f[3] then dims[#dims + 1] = {letter = 'C', values = f[3].list} end
-  if f[4] then dims[#dims + 1] = {letter = 'U', values = f[4].list} end
+  if f[2] then dims[#dims + 1] = {letter = 'R', values = f[2].list, at = 2} end
+  if f[3] then dims[#dims + 1] = {letter = 'C', values = f[3].list, at = 3} end
+  if f[4] then dims[#dims + 1] = {letter = 'U', values = f[4].list, at = 4} end
   X.restricted = f[1] ~= nil or #dims > 0
   if not X.restricted then
     X.ranges = G_RANGES
     return
+  end
+  if #dims > 1 then
+    dims = uncovered(X, protocols, dims)
+    X.restricted = f[1] ~= nil or #dims > 0
+    if not X.restricted then
+      X.ranges = G_RANGES
+      return
+    end
   end
   if #dims == 0 then dims[1] = {letter = 'P'} end
   local fields = {}
@@ -342,7 +388,11 @@ local function count_eligible(X, w, ix)
     return max(sum, 0)
   end
   -- Several: per matching combination with a head (one without has only
-  -- spent entries), its count less its spent entries.
+  -- spent entries), its count less its spent entries. (Every matching one
+  -- is read: enumerated when they are fewer than the grouping's heads.)
+  if X.fallback and X.product <= X.volume then
+    X.enumerate, X.skip_heads_max = X.fallback, nil
+  end
   local spent_in = {}
   for i = 1, #spent do
     local p, r, c, u = split_locator(spent[i])
@@ -430,7 +480,12 @@ local function range_at(X, cur)
       else
         local atom = sub(member, bar + 1)
         if check and not matches(X, atom) then
-          X.skipped_heads = X.skipped_heads + 1
+          local skipped = X.skipped_heads + 1
+          X.skipped_heads = skipped
+          if skipped > (X.skip_heads_max or skipped) then
+            X.restart = true                  -- enumerating costs less now
+            return false
+          end
         elseif find(member, '^%d%d%d%d%d%d%d%d%d%d%d%d%d|', plen + 1) then
           cur.i, cur.key, cur.atom = i, sub(member, plen + 1, bar - 1), atom
           return true
@@ -596,6 +651,7 @@ local function walk(X)
     for i = 1, #ranges do
       local cur = open_range(ranges[i], page)
       if cur and range_at(X, cur) then heap_push(h, cur) end
+      if X.restart then return end
     end
   end
   while X.found < X.target do
@@ -603,6 +659,7 @@ local function walk(X)
     if not cur then X.exhausted = true; return end
     if cur.range then
       step_range(X, h, cur)
+      if X.restart then return end
     elseif cur.pending then
       heap_drop(h)
       open_enumerated(X, h, cur)
@@ -943,6 +1000,12 @@ local function extract(keys, argv)
     end
   end
   walk(X)
+  if X.restart then
+    -- The walk skipped more heads than the named combinations number: it
+    -- read only, so it starts again over them.
+    X.enumerate, X.skip_heads_max, X.restart = X.fallback, nil, nil
+    walk(X)
+  end
   -- Decide.
   local walked = true
   if X.stuck and not read_all_eligible(X) then

@@ -10,12 +10,19 @@
 //! body read timeout. A connection past a deadline is closed. The
 //! deadlines live in the connection's socket wrapper ([`Deadlined`]),
 //! which the service tells when a request starts and ends.
+//!
+//! Request heads are bounded too: at most [`MAX_HEADER_FIELDS`] header
+//! fields and [`MAX_HEAD_BYTES`]. hyper answers a head over these limits
+//! (431) or one it cannot parse (400) itself, with an empty body, before
+//! any service runs; the socket wrapper puts the handler's problem in
+//! place of that answer ([`refused_head`]), so these are
+//! `application/problem+json` with a request id like every other error.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -31,7 +38,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 
-use crate::distribution::{App, handle};
+use crate::distribution::{
+    App, MAX_HEAD_BYTES, MAX_HEADER_FIELDS, RefusedHead, handle, refused_head,
+};
 use crate::security::PeerAddr;
 
 /// How long in-flight requests may take to finish after shutdown is asked for.
@@ -125,6 +134,8 @@ pub async fn serve_with(
         // the idle timeout); the connection's deadlines replace it.
         let conn = http1::Builder::new()
             .header_read_timeout(None)
+            .max_headers(MAX_HEADER_FIELDS)
+            .max_header_size(MAX_HEAD_BYTES)
             .serve_connection(TokioIo::new(Deadlined::new(stream, clock)), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
@@ -164,6 +175,8 @@ struct ConnectionState {
     /// answered (no deadline then): woken when the request ends, so its
     /// idle deadline is set.
     parked: Option<Waker>,
+    /// Answers the service returned that have not been flushed yet.
+    answers_due: usize,
 }
 
 /// Marks a request as being answered until dropped.
@@ -174,6 +187,7 @@ impl Drop for Busy {
         let parked = match self.0.state.lock() {
             Ok(mut s) => {
                 s.in_flight = s.in_flight.saturating_sub(1);
+                s.answers_due += 1;
                 if s.in_flight == 0 {
                     s.first = false;
                     s.idle_since = Instant::now();
@@ -201,6 +215,7 @@ impl ConnectionClock {
                 idle_since: Instant::now(),
                 first_byte: None,
                 parked: None,
+                answers_due: 0,
             }),
         }
     }
@@ -218,6 +233,25 @@ impl ConnectionClock {
             && s.first_byte.is_none()
         {
             s.first_byte = Some(Instant::now());
+        }
+    }
+
+    /// Whether what hyper writes now belongs to the service's answer
+    /// (an interim `100 Continue` while a request is answered, or the
+    /// answer the service returned): anything else is hyper's own.
+    fn answer_owed(&self) -> bool {
+        self.state
+            .lock()
+            .map_or(true, |s| s.in_flight > 0 || s.answers_due > 0)
+    }
+
+    /// Bytes written since the last flush have been flushed: with no
+    /// request in flight, they were the oldest answer due.
+    fn flushed(&self) {
+        if let Ok(mut s) = self.state.lock()
+            && s.in_flight == 0
+        {
+            s.answers_due = s.answers_due.saturating_sub(1);
         }
     }
 
@@ -240,12 +274,18 @@ impl ConnectionClock {
 }
 
 /// A connection's socket that fails a read or write waiting past the
-/// connection's deadline, which makes hyper close the connection.
+/// connection's deadline, which makes hyper close the connection; and
+/// that writes the handler's problem in place of hyper's own empty
+/// answer to a request head it refused.
 struct Deadlined {
     stream: TcpStream,
     clock: Arc<ConnectionClock>,
     timer: Pin<Box<Sleep>>,
     armed: Option<Instant>,
+    /// Bytes passed to the socket since the last flush.
+    wrote: bool,
+    /// The problem answered in place of hyper's, still to be written.
+    replacement: Vec<u8>,
 }
 
 impl Deadlined {
@@ -255,7 +295,26 @@ impl Deadlined {
             clock,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             armed: None,
+            wrote: false,
+            replacement: Vec::new(),
         }
+    }
+
+    /// Writes what is left of the replacement answer.
+    fn poll_replacement(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        while !self.replacement.is_empty() {
+            match Pin::new(&mut self.stream).poll_write(cx, &self.replacement) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.replacement.drain(..n);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return self.check(cx).map(Err),
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// Called when the socket has nothing to give: `Ready(Err)` once the
@@ -306,7 +365,19 @@ impl AsyncWrite for Deadlined {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
+        if this.replacement.is_empty()
+            && !this.clock.answer_owed()
+            && let Some(head) = refused_by_parser(buf)
+        {
+            this.replacement = http1_bytes(refused_head(head));
+            return Poll::Ready(Ok(buf.len()));
+        }
+        ready!(this.poll_replacement(cx))?;
         match Pin::new(&mut this.stream).poll_write(cx, buf) {
+            Poll::Ready(Ok(n)) => {
+                this.wrote = true;
+                Poll::Ready(Ok(n))
+            }
             Poll::Pending => this.check(cx).map(Err),
             ready => ready,
         }
@@ -314,14 +385,23 @@ impl AsyncWrite for Deadlined {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
+        ready!(this.poll_replacement(cx))?;
         match Pin::new(&mut this.stream).poll_flush(cx) {
+            Poll::Ready(Ok(())) => {
+                if std::mem::take(&mut this.wrote) {
+                    this.clock.flushed();
+                }
+                Poll::Ready(Ok(()))
+            }
             Poll::Pending => this.check(cx).map(Err),
             ready => ready,
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+        let this = self.get_mut();
+        ready!(this.poll_replacement(cx))?;
+        Pin::new(&mut this.stream).poll_shutdown(cx)
     }
 }
 
@@ -355,13 +435,74 @@ async fn respond(
     };
     let response = handle(app, Request::from_parts(parts, body)).await;
     let (parts, body) = response.into_parts();
-    let bytes = match body {
+    Ok(Response::from_parts(parts, Full::new(body_bytes(body))))
+}
+
+fn body_bytes(body: Body) -> Bytes {
+    match body {
         Body::Empty => Bytes::new(),
         Body::Text(s) => Bytes::from(s),
         Body::Binary(b) => Bytes::from(b),
         _ => Bytes::new(),
-    };
-    Ok(Response::from_parts(parts, Full::new(bytes)))
+    }
+}
+
+/// hyper's own answer to a request head it refused: one bodiless
+/// `HTTP/1.1 4xx` head, without the `X-Request-ID` every answer of the
+/// handler carries. 431 is a head over the limits; any other status (400)
+/// one it could not parse.
+fn refused_by_parser(buf: &[u8]) -> Option<RefusedHead> {
+    let head = buf.strip_suffix(b"\r\n\r\n")?;
+    let status = head.strip_prefix(b"HTTP/1.1 ")?.get(..3)?;
+    let lower = head.to_ascii_lowercase();
+    if contains(&lower, b"\r\n\r\n") || contains(&lower, b"\r\nx-request-id:") {
+        return None;
+    }
+    match status {
+        b"431" => Some(RefusedHead::TooLarge),
+        [b'4', _, _] => Some(RefusedHead::Malformed),
+        _ => None,
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `response` as an HTTP/1.1 answer after which the connection closes.
+fn http1_bytes(response: Response<Body>) -> Vec<u8> {
+    let (parts, body) = response.into_parts();
+    let body = body_bytes(body);
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\n",
+        parts.status.as_str(),
+        parts.status.canonical_reason().unwrap_or("")
+    )
+    .into_bytes();
+    for (name, value) in &parts.headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let date = http_date();
+    let tail = format!(
+        "date: {date}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    out.extend_from_slice(tail.as_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Now as an HTTP date (`Tue, 03 Dec 2026 10:40:26 GMT`).
+fn http_date() -> String {
+    let layout = time::macros::format_description!(
+        "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
+    );
+    time::OffsetDateTime::now_utc()
+        .format(&layout)
+        .unwrap_or_default()
 }
 
 async fn read_limited(mut incoming: Incoming, limit: usize) -> Body {
@@ -381,5 +522,66 @@ async fn read_limited(mut incoming: Incoming, limit: usize) -> Body {
         Body::Empty
     } else {
         Body::Binary(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// hyper's bodiless answers to refused heads are recognised; the
+    /// handler's answers (an `X-Request-ID`), other statuses and more than
+    /// one message are not.
+    #[test]
+    fn recognises_hyper_s_own_answers() {
+        let hyper_s = |status: &str| {
+            format!(
+                "HTTP/1.1 {status}\r\ncontent-length: 0\r\ndate: Tue, 03 Dec 2026 10:40:26 GMT\r\n\r\n"
+            )
+        };
+        let refused = |s: String| refused_by_parser(s.as_bytes());
+        assert_eq!(
+            refused(hyper_s("431 Request Header Fields Too Large")),
+            Some(RefusedHead::TooLarge)
+        );
+        assert_eq!(
+            refused(hyper_s("400 Bad Request")),
+            Some(RefusedHead::Malformed)
+        );
+        assert_eq!(refused(hyper_s("200 OK")), None);
+        assert_eq!(
+            refused(
+                "HTTP/1.1 400 Bad Request\r\nX-Request-ID: r\r\ncontent-length: 0\r\n\r\n".into()
+            ),
+            None
+        );
+        assert_eq!(
+            refused(format!(
+                "{}{}",
+                hyper_s("400 Bad Request"),
+                hyper_s("400 Bad Request")
+            )),
+            None
+        );
+        assert_eq!(refused("HTTP/1.1 400 Bad Request\r\n".into()), None);
+    }
+
+    /// The replacement is one complete HTTP/1.1 answer that closes the
+    /// connection, its body the problem.
+    #[test]
+    fn replacement_is_a_closing_problem() {
+        let raw = String::from_utf8(http1_bytes(refused_head(RefusedHead::TooLarge))).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        // Every header line, the last included, ends with CRLF.
+        let head = format!("{head}\r\n");
+        assert!(head.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
+        assert!(head.contains("\r\ncontent-type: application/problem+json\r\n"));
+        assert!(head.contains("\r\nconnection: close\r\n"));
+        assert!(head.contains(&format!("\r\ncontent-length: {}\r\n", body.len())));
+        assert!(head.contains(" GMT\r\n"));
+        let problem: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(problem["code"], "HEADERS_TOO_LARGE");
+        let id = problem["requestId"].as_str().unwrap();
+        assert!(head.contains(&format!("\r\nx-request-id: {id}\r\n")));
     }
 }

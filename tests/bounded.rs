@@ -294,7 +294,7 @@ async fn deferred_upkeep_never_lands_on_one_caller() {
 /// health checker), ahead of 5 fresh ones: count=1 takes the soonest fresh
 /// one in one call of a bounded number of commands, allOrNothing reports
 /// exactly 4. With 3,000 fresh ones behind the stale run (more than one
-/// call reads whole), every round of a request passes at most 1,000 spent
+/// call reads whole), every round of a request passes at most 400 spent
 /// entries and takes them out of the walk for good (a round that changed
 /// nothing would repeat forever), and the request is answered. The prune
 /// then drains the backlog in bounded calls.
@@ -352,7 +352,7 @@ async fn a_stale_backlog_is_answered_and_every_round_progresses() {
 
     // Many fresh behind the stale run: more eligible entries than a call
     // reads from `due`, so the walk must pass the stale run first. One
-    // request's rounds (at most 64 of 800 entries, and ~100 ms) cannot pass
+    // request's rounds (at most 64 of 400 entries, and ~50 ms) cannot pass
     // ~98,000: its last call answers from what it reached (a 409 naming the
     // backlog, an empty 200), never a 503, and every round's passing stays.
     h.load(&fresh("more", 3_000)).await;
@@ -368,7 +368,7 @@ async fn a_stale_backlog_is_answered_and_every_round_progresses() {
         r.body
     );
     let mut left = zcard(&h, keys::INDEX).await;
-    assert!(walkable - left >= 800, "{walkable} -> {left}");
+    assert!(walkable - left >= 400, "{walkable} -> {left}");
     let mut requests = 0;
     let ids = loop {
         requests += 1;
@@ -380,14 +380,14 @@ async fn a_stale_backlog_is_answered_and_every_round_progresses() {
         let passed = left - now_left - r.ids().len() as u64;
         left = now_left;
         eprintln!("{calls} calls, {ran} commands, {passed} spent entries passed");
-        // Every round passed its 800 and took them out (the one that
+        // Every round passed its 400 and took them out (the one that
         // answers may pass fewer).
-        assert!(passed >= 800 * (calls - 1), "{passed} in {calls} calls");
+        assert!(passed >= 400 * (calls - 1), "{passed} in {calls} calls");
         assert!(ran <= 40 * calls, "{ran} commands in {calls} calls");
         if !r.ids().is_empty() {
             break r.ids();
         }
-        assert!(requests < 20, "the backlog is not shrinking: {left} left");
+        assert!(requests < 300, "the backlog is not shrinking: {left} left");
     };
     assert!(requests >= 2, "one request passed the whole backlog");
     assert_eq!(ids, ["more-0000"]);

@@ -1,8 +1,9 @@
 //! `proxy-pool serve` left running: half-open and silent connections,
 //! idle keep-alive connections and slow bodies are closed on their
 //! deadlines, the connection cap holds, and a normal request is answered
-//! meanwhile. Every wait is for an event (an answer, an end of stream),
-//! bounded by an overall deadline.
+//! meanwhile; request heads hyper's parser refuses are answered with the
+//! handler's problems. Every wait is for an event (an answer, an end of
+//! stream), bounded by an overall deadline.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
@@ -226,4 +227,149 @@ async fn the_connection_cap_holds() {
     assert_eq!(status, 200);
     second.write_all(LIVE).await.unwrap();
     assert_eq!(response(&mut second).await, 200);
+}
+
+/// One complete answer in `raw`: status, lower-cased headers, body.
+fn parse_answer(raw: &[u8]) -> (u16, std::collections::BTreeMap<String, String>, String) {
+    let raw = String::from_utf8(raw.to_vec()).unwrap();
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no complete answer: {raw:?}"));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(": "))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+/// Sends `request` on a fresh connection; the answer, read to the close.
+async fn refused(addr: SocketAddr, request: &[u8]) -> (u16, serde_json::Value) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let raw = timeout(Duration::from_secs(10), until_closed(&mut stream))
+        .await
+        .expect("answered and closed");
+    problem_of(&raw)
+}
+
+/// The status and problem body of one answer, checked like every problem
+/// of the handler: `application/problem+json`, valid against the
+/// contract, its `requestId` the `X-Request-ID` header.
+fn problem_of(raw: &[u8]) -> (u16, serde_json::Value) {
+    let (status, headers, body) = parse_answer(raw);
+    assert_eq!(
+        headers["content-type"], "application/problem+json",
+        "{body}"
+    );
+    assert_eq!(headers["content-length"], body.len().to_string());
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    common::assert_valid("Problem", &json);
+    assert_eq!(json["status"], status);
+    assert!(json["requestId"].as_str().unwrap().starts_with("req_"));
+    assert_eq!(
+        json["requestId"].as_str(),
+        Some(headers["x-request-id"].as_str())
+    );
+    (status, json)
+}
+
+/// A request head with 101 header fields or over 64 KiB is a 431 problem, a malformed
+/// request line or header line a 400 one, each with a fresh request id
+/// (the header's, in a head that could not be read, is not trusted); a
+/// head at the limits is served; on a keep-alive connection the refusal
+/// of a later head follows the earlier answer untouched.
+#[tokio::test]
+async fn refused_heads_are_problems() {
+    let (_h, addr, _stop) = start(ServeOptions::default()).await;
+    let head = |fields: usize| {
+        let mut r = String::from("GET /health/live HTTP/1.1\r\nx-request-id: req_mine\r\n");
+        for i in 1..fields {
+            r.push_str(&format!("x-pad-{i}: v\r\n"));
+        }
+        r + "\r\n"
+    };
+    let (status, problem) = refused(addr, head(101).as_bytes()).await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (431, Some("HEADERS_TOO_LARGE"))
+    );
+    assert_ne!(problem["requestId"], "req_mine");
+    let long = format!(
+        "GET /health/live HTTP/1.1\r\nx-long: {}\r\n\r\n",
+        "v".repeat(70_000)
+    );
+    let (status, problem) = refused(addr, long.as_bytes()).await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (431, Some("HEADERS_TOO_LARGE"))
+    );
+    let (status, _, _) = common::http(addr, "GET", "/health/live", &[], "").await;
+    assert_eq!(status, 200);
+    let mut at_limit = TcpStream::connect(addr).await.unwrap();
+    at_limit.write_all(head(100).as_bytes()).await.unwrap();
+    assert_eq!(response(&mut at_limit).await, 200);
+
+    for malformed in [
+        &b"GET /health/live HTTX/1.1\r\nhost: t\r\n\r\n"[..],
+        b"GET /health live HTTP/1.1\r\nhost: t\r\n\r\n",
+        b"GET /health/live HTTP/1.1\r\nhost t\r\n\r\n",
+    ] {
+        let (status, problem) = refused(addr, malformed).await;
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (400, Some("BAD_REQUEST"))
+        );
+    }
+
+    let mut keep = TcpStream::connect(addr).await.unwrap();
+    keep.write_all(LIVE).await.unwrap();
+    assert_eq!(response(&mut keep).await, 200);
+    keep.write_all(b"BAD\r\n\r\n").await.unwrap();
+    let raw = timeout(Duration::from_secs(10), until_closed(&mut keep))
+        .await
+        .expect("answered and closed");
+    let (status, problem) = problem_of(&raw);
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (400, Some("BAD_REQUEST"))
+    );
+}
+
+/// A refused head pipelined behind a request (both in one write) is a
+/// problem too, after the earlier request's answer, which is untouched.
+#[tokio::test]
+async fn a_refused_head_behind_a_pipelined_request_is_a_problem() {
+    let (_h, addr, _stop) = start(ServeOptions::default()).await;
+    for (refused_head, want) in [
+        (&b"BAD\r\n\r\n"[..], (400, "BAD_REQUEST")),
+        (
+            b"GET /health/live HTTP/1.1\r\nhost t\r\n\r\n",
+            (400, "BAD_REQUEST"),
+        ),
+    ] {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(&[LIVE, refused_head].concat())
+            .await
+            .unwrap();
+        let raw = timeout(Duration::from_secs(10), until_closed(&mut stream))
+            .await
+            .expect("answered and closed");
+        let (status, headers, rest) = parse_answer(&raw);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&raw));
+        let length: usize = headers["content-length"].parse().unwrap();
+        let health: serde_json::Value = serde_json::from_str(&rest[..length]).unwrap();
+        common::assert_valid("Health", &health);
+        let (status, problem) = problem_of(&rest.as_bytes()[length..]);
+        assert_eq!((status, problem["code"].as_str()), (want.0, Some(want.1)));
+    }
 }

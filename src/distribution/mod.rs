@@ -30,6 +30,23 @@ pub const READY_PATH: &str = "/health/ready";
 
 /// Largest total size of request header names and values.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Most header fields `serve` reads in one request head.
+pub const MAX_HEADER_FIELDS: usize = 100;
+/// Largest request head (request line and header lines) `serve` reads:
+/// below the longest URI its HTTP/1.1 parser takes (65,534 bytes), so a
+/// head too long is always this 431, never a 414.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// Why `serve`'s HTTP/1.1 parser refused a request head, before any
+/// handler ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusedHead {
+    /// More than [`MAX_HEADER_FIELDS`] header fields, or more than
+    /// [`MAX_HEAD_BYTES`].
+    TooLarge,
+    /// A request line or header line that is not HTTP/1.1.
+    Malformed,
+}
 
 /// What the handler takes from the configuration.
 #[derive(Debug, Clone)]
@@ -156,6 +173,28 @@ pub async fn handle(app: &App, request: Request) -> Response<Body> {
         "request"
     );
     response
+}
+
+/// The answer to a request head `serve` refused: a problem like every
+/// other (a fresh request id, since the head's cannot be trusted), logged
+/// like every answer.
+pub fn refused_head(head: RefusedHead) -> Response<Body> {
+    let request_id = RequestId::generate();
+    let problem = match head {
+        RefusedHead::TooLarge => Problem::headers_too_large(format!(
+            "a request head may hold at most {MAX_HEADER_FIELDS} header fields and {MAX_HEAD_BYTES} bytes"
+        )),
+        RefusedHead::Malformed => {
+            Problem::bad_request("the request line or a header line is malformed", Vec::new())
+        }
+    };
+    tracing::info!(
+        request_id = request_id.as_str(),
+        status = problem.status().as_u16(),
+        code = problem.code(),
+        "request"
+    );
+    problem.into_response(&request_id)
 }
 
 async fn route(

@@ -3,7 +3,7 @@ use std::collections::BTreeSet;
 use lambda_http::http::HeaderMap;
 
 use super::ExtractRequest;
-use crate::httpapi::{InvalidParam, Problem};
+use crate::httpapi::{Code, InvalidParam, Problem};
 use crate::pool::{
     ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, PoolError, RedisPool,
     Selection, UsageScope, keys,
@@ -158,8 +158,8 @@ impl ExtractionService {
             (Some(allowed), true) => Ok(Some(allowed.clone())),
             (Some(allowed), false) => {
                 if requested.iter().any(|u| !allowed.contains(u)) {
-                    return Err(ServiceError::Rejected(Problem::forbidden(
-                        "UPSTREAM_FORBIDDEN",
+                    return Err(ServiceError::Rejected(Problem::new(
+                        Code::UpstreamForbidden,
                         "allowedUpstreams names an upstream this client may not use",
                     )));
                 }

@@ -3,7 +3,7 @@
 mod problem;
 mod request_id;
 
-pub use problem::{InvalidParam, Problem};
+pub use problem::{Code, InvalidParam, Problem};
 pub use request_id::RequestId;
 
 use lambda_http::Body;

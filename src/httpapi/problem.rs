@@ -7,6 +7,98 @@ use super::{RequestId, respond};
 /// Base of every problem `type` URI.
 const TYPE_BASE: &str = "https://proxy-pool.local/problems/";
 
+/// Declares [`Code`]: each variant with its text, status and title, and
+/// [`Code::ALL`], which therefore cannot miss one.
+macro_rules! codes {
+    ($($(#[doc = $doc:literal])+ $variant:ident = $text:literal, $status:ident, $title:literal;)+) => {
+        /// Every machine-readable `code` a problem can carry. Each has one
+        /// status and one title; `api/openapi/proxy-pool.yaml` documents
+        /// exactly these (`tests/docs.rs` holds the two together).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Code {
+            $($(#[doc = $doc])+ $variant,)+
+        }
+
+        impl Code {
+            /// Every code, by status.
+            pub const ALL: &'static [Code] = &[$(Code::$variant,)+];
+
+            /// The code as a body carries it, e.g. `INSUFFICIENT_PROXIES`.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Code::$variant => $text,)+
+                }
+            }
+
+            /// The status every problem of this code is answered with.
+            pub const fn status(self) -> StatusCode {
+                match self {
+                    $(Code::$variant => StatusCode::$status,)+
+                }
+            }
+
+            /// The problem's `title`.
+            pub const fn title(self) -> &'static str {
+                match self {
+                    $(Code::$variant => $title,)+
+                }
+            }
+        }
+    };
+}
+
+codes! {
+    /// 400: malformed JSON, wrong types, unknown fields, bad headers, or a
+    /// request head the HTTP/1.1 parser of `serve` could not read.
+    BadRequest = "BAD_REQUEST", BAD_REQUEST, "Bad request";
+    /// 401: authentication failed.
+    Unauthorized = "UNAUTHORIZED", UNAUTHORIZED, "Unauthorized";
+    /// 403: the request's source address is not known.
+    SourceUnknown = "SOURCE_UNKNOWN", FORBIDDEN, "Forbidden";
+    /// 403: the source address is denied, or not one the client may use.
+    SourceForbidden = "SOURCE_FORBIDDEN", FORBIDDEN, "Forbidden";
+    /// 403: `allowedUpstreams` names an upstream the client may not use.
+    UpstreamForbidden = "UPSTREAM_FORBIDDEN", FORBIDDEN, "Forbidden";
+    /// 404: no such endpoint.
+    NotFound = "NOT_FOUND", NOT_FOUND, "Not found";
+    /// 405: the endpoint exists but not for this method.
+    MethodNotAllowed = "METHOD_NOT_ALLOWED", METHOD_NOT_ALLOWED, "Method not allowed";
+    /// 409: an `Idempotency-Key` reused with another request body.
+    IdempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED", CONFLICT, "Idempotency key reused";
+    /// 409: `allOrNothing` could not be met.
+    InsufficientProxies = "INSUFFICIENT_PROXIES", CONFLICT, "Insufficient proxies";
+    /// 413: the body is larger than the configured limit.
+    PayloadTooLarge = "PAYLOAD_TOO_LARGE", PAYLOAD_TOO_LARGE, "Payload too large";
+    /// 415: the body is not `application/json`.
+    UnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE", UNSUPPORTED_MEDIA_TYPE, "Unsupported media type";
+    /// 422: well-formed, but against the business rules.
+    ValidationFailed = "VALIDATION_FAILED", UNPROCESSABLE_ENTITY, "Validation failed";
+    /// 429: a rate limit refused the request.
+    RateLimited = "RATE_LIMITED", TOO_MANY_REQUESTS, "Too many requests";
+    /// 431: a request head with too many header fields or too many bytes
+    /// for the HTTP/1.1 parser of `serve`.
+    HeadersTooLarge = "HEADERS_TOO_LARGE", REQUEST_HEADER_FIELDS_TOO_LARGE, "Request header fields too large";
+    /// 500: anything else; the body says nothing about the cause.
+    InternalError = "INTERNAL_ERROR", INTERNAL_SERVER_ERROR, "Internal server error";
+    /// 503: the pool cannot be reached, or the service is draining.
+    ServiceUnavailable = "SERVICE_UNAVAILABLE", SERVICE_UNAVAILABLE, "Service unavailable";
+    /// 503: the pool records another policy than this deployment's.
+    PoolPolicyMismatch = "POOL_POLICY_MISMATCH", SERVICE_UNAVAILABLE, "Service unavailable";
+    /// 503: the pool records another layout version than this deployment reads.
+    PoolLayoutMismatch = "POOL_LAYOUT_MISMATCH", SERVICE_UNAVAILABLE, "Service unavailable";
+}
+
+impl Code {
+    /// The problem `type` URI: [`TYPE_BASE`] and the code in lower case,
+    /// `-` for `_` (`https://proxy-pool.local/problems/insufficient-proxies`).
+    pub fn type_uri(self) -> String {
+        format!(
+            "{TYPE_BASE}{}",
+            self.as_str().to_ascii_lowercase().replace('_', "-")
+        )
+    }
+}
+
 /// One field at fault in a request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct InvalidParam {
@@ -29,9 +121,7 @@ impl InvalidParam {
 /// An RFC 9457 problem: every non-2xx answer of the API is one of these.
 #[derive(Debug, Clone)]
 pub struct Problem {
-    status: StatusCode,
-    code: &'static str,
-    title: &'static str,
+    code: Code,
     detail: String,
     invalid_params: Vec<InvalidParam>,
     headers: Vec<(HeaderName, HeaderValue)>,
@@ -52,12 +142,11 @@ struct Body_<'a> {
 }
 
 impl Problem {
-    fn new(status: StatusCode, code: &'static str, title: &'static str, detail: String) -> Self {
+    /// A problem of `code` (whose status and title it takes) saying `detail`.
+    pub fn new(code: Code, detail: impl Into<String>) -> Self {
         Self {
-            status,
             code,
-            title,
-            detail,
+            detail: detail.into(),
             invalid_params: Vec::new(),
             headers: Vec::new(),
         }
@@ -65,23 +154,12 @@ impl Problem {
 
     /// 400: malformed JSON, wrong types, unknown fields or bad headers.
     pub fn bad_request(detail: impl Into<String>, params: Vec<InvalidParam>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "BAD_REQUEST",
-            "Bad request",
-            detail.into(),
-        )
-        .with_params(params)
+        Self::new(Code::BadRequest, detail).with_params(params)
     }
 
     /// 401: authentication failed; `challenges` become `WWW-Authenticate` headers.
     pub fn unauthorized(detail: &'static str, challenges: &[&'static str]) -> Self {
-        let mut p = Self::new(
-            StatusCode::UNAUTHORIZED,
-            "UNAUTHORIZED",
-            "Unauthorized",
-            detail.into(),
-        );
+        let mut p = Self::new(Code::Unauthorized, detail);
         for c in challenges {
             p.headers.push((
                 HeaderName::from_static("www-authenticate"),
@@ -97,9 +175,7 @@ impl Problem {
         headers: Vec<(HeaderName, HeaderValue)>,
     ) -> Self {
         let mut p = Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "RATE_LIMITED",
-            "Too many requests",
+            Code::RateLimited,
             format!("rate limit exceeded, retry in {retry_after_secs} s"),
         );
         p.headers.push((
@@ -110,27 +186,15 @@ impl Problem {
         p
     }
 
-    /// 403: the source or the client may not do this.
-    pub fn forbidden(code: &'static str, detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, code, "Forbidden", detail.into())
-    }
-
     /// 404: no such endpoint.
     pub fn not_found() -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "NOT_FOUND",
-            "Not found",
-            "no such endpoint".into(),
-        )
+        Self::new(Code::NotFound, "no such endpoint")
     }
 
     /// 405: the endpoint exists but not for this method.
     pub fn method_not_allowed(allow: &'static str) -> Self {
         let mut p = Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "METHOD_NOT_ALLOWED",
-            "Method not allowed",
+            Code::MethodNotAllowed,
             format!("this endpoint accepts {allow}"),
         );
         p.headers.push((
@@ -143,9 +207,7 @@ impl Problem {
     /// 409: `allOrNothing` could not be met.
     pub fn insufficient_proxies(requested: u32, available: u64) -> Self {
         Self::new(
-            StatusCode::CONFLICT,
-            "INSUFFICIENT_PROXIES",
-            "Insufficient proxies",
+            Code::InsufficientProxies,
             format!("requested {requested} proxies but only {available} are currently eligible"),
         )
     }
@@ -155,9 +217,7 @@ impl Problem {
     /// index is being cleared, so a retry soon may succeed.
     pub fn insufficient_behind_backlog(requested: u32, reached: u64) -> Self {
         Self::new(
-            StatusCode::CONFLICT,
-            "INSUFFICIENT_PROXIES",
-            "Insufficient proxies",
+            Code::InsufficientProxies,
             format!(
                 "requested {requested} proxies but only {reached} could be reached past a backlog of expired or stale entries now being cleared; retry shortly"
             ),
@@ -167,19 +227,15 @@ impl Problem {
     /// 409: an `Idempotency-Key` reused with another request body.
     pub fn idempotency_key_reused() -> Self {
         Self::new(
-            StatusCode::CONFLICT,
-            "IDEMPOTENCY_KEY_REUSED",
-            "Idempotency key reused",
-            "this Idempotency-Key was already used with a different request".into(),
+            Code::IdempotencyKeyReused,
+            "this Idempotency-Key was already used with a different request",
         )
     }
 
     /// 413: the body is larger than the configured limit.
     pub fn payload_too_large(limit: usize) -> Self {
         Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "PAYLOAD_TOO_LARGE",
-            "Payload too large",
+            Code::PayloadTooLarge,
             format!("the request body must not exceed {limit} bytes"),
         )
     }
@@ -187,64 +243,49 @@ impl Problem {
     /// 415: the body is not `application/json`.
     pub fn unsupported_media_type() -> Self {
         Self::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "UNSUPPORTED_MEDIA_TYPE",
-            "Unsupported media type",
-            "the request body must be application/json".into(),
+            Code::UnsupportedMediaType,
+            "the request body must be application/json",
         )
     }
 
     /// 422: well-formed, but against the business rules.
     pub fn unprocessable(params: Vec<InvalidParam>) -> Self {
         Self::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "VALIDATION_FAILED",
-            "Validation failed",
-            "the request violates a business constraint".into(),
+            Code::ValidationFailed,
+            "the request violates a business constraint",
         )
         .with_params(params)
+    }
+
+    /// 431: a request head over the HTTP/1.1 parser's limits (`detail`
+    /// names them).
+    pub fn headers_too_large(detail: impl Into<String>) -> Self {
+        Self::new(Code::HeadersTooLarge, detail)
     }
 
     /// 503: this deployment's pool policy is not the one the pool records
     /// (the values go to the log, not to the public body).
     pub fn pool_policy_mismatch() -> Self {
         Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "POOL_POLICY_MISMATCH",
-            "Service unavailable",
-            "the pool records another policy than this deployment's".into(),
+            Code::PoolPolicyMismatch,
+            "the pool records another policy than this deployment's",
         )
     }
 
     /// 503: the pool records another layout version than this deployment
     /// reads (`detail` names both; build facts, nothing secret).
     pub fn pool_layout_mismatch(detail: String) -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "POOL_LAYOUT_MISMATCH",
-            "Service unavailable",
-            detail,
-        )
+        Self::new(Code::PoolLayoutMismatch, detail)
     }
 
     /// 503: the pool cannot be reached or the service is draining.
     pub fn unavailable(detail: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "SERVICE_UNAVAILABLE",
-            "Service unavailable",
-            detail.into(),
-        )
+        Self::new(Code::ServiceUnavailable, detail)
     }
 
     /// 500: says nothing about the cause, which goes to the log instead.
     pub fn internal() -> Self {
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "INTERNAL_ERROR",
-            "Internal server error",
-            "the request could not be completed".into(),
-        )
+        Self::new(Code::InternalError, "the request could not be completed")
     }
 
     /// The same problem answered with one more header.
@@ -260,24 +301,21 @@ impl Problem {
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        self.status
+        self.code.status()
     }
 
     /// The machine-readable code, e.g. `INSUFFICIENT_PROXIES`.
     pub fn code(&self) -> &'static str {
-        self.code
+        self.code.as_str()
     }
 
     /// The `application/problem+json` response.
     pub fn into_response(self, request_id: &RequestId) -> Response<Body> {
         let body = Body_ {
-            type_: format!(
-                "{TYPE_BASE}{}",
-                self.code.to_ascii_lowercase().replace('_', "-")
-            ),
-            title: self.title,
-            status: self.status.as_u16(),
-            code: self.code,
+            type_: self.code.type_uri(),
+            title: self.code.title(),
+            status: self.status().as_u16(),
+            code: self.code.as_str(),
             detail: &self.detail,
             request_id: request_id.as_str(),
             invalid_params: &self.invalid_params,
@@ -291,7 +329,7 @@ impl Problem {
                 request_id.as_str()
             )
         });
-        let mut response = respond(self.status, "application/problem+json", json, request_id);
+        let mut response = respond(self.status(), "application/problem+json", json, request_id);
         for (name, value) in self.headers {
             response.headers_mut().append(name, value);
         }

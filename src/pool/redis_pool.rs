@@ -40,13 +40,13 @@ const UPSERT_BATCH: usize = 128;
 const MIN_REDIS: (u32, u32) = (7, 0);
 /// Most calls of `lua/extract.lua` for one extraction: a call that answers
 /// "again" has taken spent or damaged entries out of the index (at most
-/// 1,000, a few milliseconds of Redis time, for good), and the next one
+/// 400, ~1-4 ms of Redis time, for good), and the next one
 /// starts past them. The rounds also stop after [`EXTRACT_ROUNDS_BUDGET`]
 /// (or half the Redis timeout, if shorter); then one last call answers from
 /// what it reaches (a stale backlog is an empty 200 or a 409, never a 503).
 const MAX_EXTRACT_ROUNDS: u32 = 64;
 /// Time one extraction spends clearing a backlog before its last call.
-const EXTRACT_ROUNDS_BUDGET: Duration = Duration::from_millis(100);
+const EXTRACT_ROUNDS_BUDGET: Duration = Duration::from_millis(50);
 /// The position of the extraction's argument groups among its arguments
 /// (after the policy, count, fulfillment, reserve and request id).
 const EXTRACT_GROUPS_ARG: usize = 5;

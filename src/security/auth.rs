@@ -14,7 +14,7 @@ use super::directory::{DirectoryError, RedisRegistry};
 use super::registry::{Client, ClientRegistry, CredentialKind};
 use super::source::{Unknown, client_ip};
 use super::{Identity, IdentityResolver, Resolving, Unresolved};
-use crate::httpapi::Problem;
+use crate::httpapi::{Code, Problem};
 
 /// Longest credential header value considered.
 const MAX_CREDENTIAL_LEN: usize = 1024;
@@ -272,8 +272,8 @@ impl Guard {
     }
 
     fn forbidden_source() -> Problem {
-        Problem::forbidden(
-            "SOURCE_FORBIDDEN",
+        Problem::new(
+            Code::SourceForbidden,
             "requests from this source address are not allowed",
         )
     }
@@ -381,7 +381,7 @@ fn unknown_source(why: Unknown) -> Problem {
             "the forwarded chain from a trusted proxy does not name the client's address"
         }
     };
-    Problem::forbidden("SOURCE_UNKNOWN", detail)
+    Problem::new(Code::SourceUnknown, detail)
 }
 
 /// The one credential a request carries. Two credentials, repeated headers,
