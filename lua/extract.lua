@@ -44,7 +44,9 @@
 --            two or more -> the grouping whose named ranges hold the fewest
 --            combinations, other dimensions checked on each head
 --   count    only with a reserve: the eligible proxies the filters match,
---            exactly: counters of what is indexed, less the spent entries
+--            exactly: counters of what is indexed (several dimensions: the
+--            enumerated combinations', or by inclusion and exclusion), less
+--            the spent entries
 --   walk     a merge in expiry order over ranges (by their current head),
 --            combinations (by head) and entries: each candidate's record is
 --            judged (prelude/record.lua); spent and damaged entries are passed
@@ -250,6 +252,8 @@ local function uncovered(X, protocols, dims)
     for i = 1, #protocols do lists[#lists + 1] = 'V|' .. d.letter .. '|' .. protocols[i] end
   end
   local got = call('HMGET', K.cnt, unpack(lists))
+  X.values = {}
+  for i = 1, #lists do X.values[lists[i]] = got[i] or '' end
   local kept, k = {}, 0
   for _, d in ipairs(dims) do
     local named, covered = X.f[d.at].set, true
@@ -333,23 +337,117 @@ local function plan(X)
   X.ranges, X.entries, X.volume, X.check = best.ranges, best.entries, best.volume, #dims > 1
 end
 
--- The combinations with a head that a multi-dimension filter matches, read
--- whole from its ranges.
-local function matching_atoms(X)
-  local atoms = {}
-  for _, prefix in ipairs(X.ranges) do
-    local from, plen = '[' .. prefix, #prefix
-    repeat
-      local page = call('ZRANGEBYLEX', K.hd, from, '[' .. prefix .. '\255', 'LIMIT', 0, CHUNK)
-      for i = 1, #page do
-        local member = page[i]
-        local atom = sub(member, (find(member, '|', plen + 15, true) or #member) + 1)
-        if matches(X, atom) then atoms[#atoms + 1] = atom end
-      end
-      if #page > 0 then from = '(' .. page[#page] end
-    until #page < CHUNK
+-- The counted entries of a multi-dimension filter, exactly, by inclusion
+-- and exclusion over counters: per protocol, the entries of a product
+-- S = R x C x U (each a set of values, or the whole dimension) are those of
+-- S with one restricted dimension widened to all its values, less those of
+-- S with that dimension's complement. A leaf is the protocol's counter, the
+-- grouping counters of one dimension's values, or the combinations of a
+-- product (enumerated); the splits chosen read the fewest counters, so a
+-- filter naming all but a few values costs about what the few would.
+local function product_size(s, full)
+  local n = 1
+  for _, l in ipairs(DIMS) do n = n * (s[l] and #s[l] or #full[l]) end
+  return n
+end
+
+-- The least counters to read for product `s` (a dimension: a list of
+-- values, or nil for all), splitting only dimensions not in `fixed`; and
+-- the dimension to split first (nil: a leaf).
+local function ie_plan(s, full, comp, fixed)
+  local restricted = 0
+  for _, l in ipairs(DIMS) do if s[l] then restricted = restricted + 1 end end
+  if restricted == 0 then return 1, nil end
+  local best, split = product_size(s, full), nil
+  if restricted == 1 then
+    for _, l in ipairs(DIMS) do if s[l] then best = min(best, #s[l]) end end
+    return best, nil
   end
-  return atoms
+  for _, l in ipairs(DIMS) do
+    if s[l] and not fixed[l] then
+      local wide, narrow = {}, {}
+      for _, m in ipairs(DIMS) do wide[m], narrow[m] = s[m], s[m] end
+      wide[l], narrow[l] = nil, comp[l]
+      local f2 = {[l] = true}
+      for m in pairs(fixed) do f2[m] = true end
+      local cost = ie_plan(wide, full, comp, fixed) + ie_plan(narrow, full, comp, f2)
+      if cost < best then best, split = cost, l end
+    end
+  end
+  return best, split
+end
+
+-- Appends the counter fields of product `s` for protocol `p` to `out`
+-- ({fields, signs}), each with `sign`.
+local function ie_fields(p, s, full, comp, fixed, sign, out)
+  local _, split = ie_plan(s, full, comp, fixed)
+  local fields, signs = out.fields, out.signs
+  if split then
+    local wide, narrow = {}, {}
+    for _, m in ipairs(DIMS) do wide[m], narrow[m] = s[m], s[m] end
+    wide[split], narrow[split] = nil, comp[split]
+    local f2 = {[split] = true}
+    for m in pairs(fixed) do f2[m] = true end
+    ie_fields(p, wide, full, comp, fixed, sign, out)
+    ie_fields(p, narrow, full, comp, f2, -sign, out)
+    return
+  end
+  local only, restricted = nil, 0
+  for _, l in ipairs(DIMS) do
+    if s[l] then only, restricted = l, restricted + 1 end
+  end
+  if restricted == 0 then
+    fields[#fields + 1], signs[#fields + 1] = 'P|' .. p, sign
+  elseif restricted == 1 and #s[only] <= product_size(s, full) then
+    for _, v in ipairs(s[only]) do
+      fields[#fields + 1], signs[#fields + 1] = only .. '|' .. p .. '|' .. v, sign
+    end
+  else
+    for _, r in ipairs(s.R or full.R) do
+      for _, c in ipairs(s.C or full.C) do
+        for _, u in ipairs(s.U or full.U) do
+          fields[#fields + 1], signs[#fields + 1] = p .. '|' .. r .. '|' .. c .. '|' .. u, sign
+        end
+      end
+    end
+  end
+end
+
+-- The counted entries the multi-dimension filter matches (spent ones
+-- included): X.fallback's named values per protocol, X.values' lists.
+local function ie_count(X)
+  local e = X.fallback
+  local out = {fields = {}, signs = {}}
+  for i = 1, #e.protocols do
+    local p, named = e.protocols[i], e.per[i]
+    local s, full, comp = {}, {}, {}
+    for j, l in ipairs(DIMS) do
+      if X.f[j + 1] then
+        -- Restricted: its named values that exist, and the others.
+        local list = X.values['V|' .. l .. '|' .. p]
+        s[l], full[l], comp[l] = named[l], {}, {}
+        local set = {}
+        for _, v in ipairs(named[l]) do set[v] = true end
+        for v in gmatch(list, '\n([^\n]*)') do
+          full[l][#full[l] + 1] = v
+          if not set[v] then comp[l][#comp[l] + 1] = v end
+        end
+      else
+        full[l] = named[l]
+      end
+    end
+    ie_fields(p, s, full, comp, {}, 1, out)
+  end
+  local values = chunked_read('HMGET', K.cnt, out.fields)
+  local sum = 0
+  for i = 1, #out.fields do
+    local v = values[i]
+    if v then
+      local n = match(v, '\t(%d+)$') or match(v, '^(%d+)|')
+      sum = sum + out.signs[i] * (tonumber(n) or 0)
+    end
+  end
+  return sum
 end
 
 -- Takes spent index entries (locators from the head of `due`) out of the index.
@@ -387,12 +485,18 @@ local function count_eligible(X, w, ix)
     end
     return max(sum, 0)
   end
-  -- Several: per matching combination with a head (one without has only
-  -- spent entries), its count less its spent entries. (Every matching one
-  -- is read: enumerated when they are fewer than the grouping's heads.)
-  if X.fallback and X.product <= X.volume then
-    X.enumerate, X.skip_heads_max = X.fallback, nil
+  -- Several, walked (not enumerated): by inclusion and exclusion, less the
+  -- spent entries the filter matches.
+  if not X.enumerate then
+    local sum = ie_count(X)
+    for i = 1, #spent do
+      local p, r, c, u = split_locator(spent[i])
+      if p and matches_parts(X, p, r, c, u) then sum = sum - 1 end
+    end
+    return max(sum, 0)
   end
+  -- Enumerated: per matching combination with a head (one without has only
+  -- spent entries), its count less its spent entries; the walk reuses them.
   local spent_in = {}
   for i = 1, #spent do
     local p, r, c, u = split_locator(spent[i])
@@ -401,13 +505,7 @@ local function count_eligible(X, w, ix)
       spent_in[atom] = (spent_in[atom] or 0) + 1
     end
   end
-  local atoms, counts
-  if X.enumerate then
-    atoms, counts = enumerated(X)
-  else
-    atoms = matching_atoms(X)
-    counts = chunked_read('HMGET', K.cnt, atoms)
-  end
+  local atoms, counts = enumerated(X)
   local sum = 0
   for i = 1, #atoms do
     local head, n = match(counts[i] or '', ATOM_COUNT)

@@ -76,6 +76,60 @@ fn soonest(
         .map(|p| p.id.clone())
 }
 
+/// A reserve is counted exactly for a filter naming all but one value of
+/// every dimension over 1,728 combinations (counted by inclusion and
+/// exclusion: the pool's counters less the complement's), stale entries
+/// left out: `allOrNothing` is told the exact number left above the
+/// reserve, `partial` gets exactly those, the soonest-expiring first.
+#[tokio::test]
+async fn a_reserve_under_a_broad_filter_is_counted_exactly() {
+    let now = now_ms();
+    let mut pool = city_pool("ie", 12_000, 64);
+    let wanted = |p: &NewProxy| {
+        p.protocol != "socks5"
+            && p.region != "city-000"
+            && p.carrier != CARRIERS[2]
+            && p.upstream != UPSTREAMS[2]
+    };
+    // Some matching proxies with a health check long past: never eligible.
+    for p in pool.iter_mut().filter(|p| wanted(p)).step_by(40) {
+        p.health_checked_at = now - 3_600_000;
+    }
+    let eligible: Vec<&NewProxy> = pool
+        .iter()
+        .filter(|p| wanted(p) && p.health_checked_at == now)
+        .collect();
+    let reserve = eligible.len() as u32 - 3;
+    let h = Harness::with_config(|c| c.reserve_for_gateway = reserve).await;
+    load_all(&h, &pool).await;
+    let filters = format!(
+        r#""filters":{{"protocols":["http","https"],"regions":{},"carriers":["{}","{}"],"allowedUpstreams":["{}","{}"]}}"#,
+        cities(1, 63),
+        CARRIERS[0],
+        CARRIERS[1],
+        UPSTREAMS[0],
+        UPSTREAMS[1]
+    );
+    let r = h
+        .extract(
+            &format!(r#"{{"count":5,"fulfillment":"allOrNothing",{filters}}}"#),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(
+        r.json["detail"],
+        "requested 5 proxies but only 3 are currently eligible"
+    );
+    let r = h.extract(&format!(r#"{{"count":5,{filters}}}"#), &[]).await;
+    let mut soonest: Vec<&&NewProxy> = eligible.iter().collect();
+    soonest.sort_by_key(|p| (p.expires_at, p.id.clone()));
+    let expected: Vec<String> = soonest[..3].iter().map(|p| p.id.clone()).collect();
+    assert_eq!((r.status, r.ids()), (200, expected), "{}", r.body);
+    let r = h.extract(&format!(r#"{{"count":5,{filters}}}"#), &[]).await;
+    assert_eq!((r.status, r.ids().len()), (200, 0), "{}", r.body);
+}
+
 /// 10,000 requests naming invented values (64 regions with every protocol,
 /// or invented values in every dimension, mixed with real ones) leave no
 /// state behind: no key, no counter, less than 256 KB of `used_memory`.
