@@ -91,18 +91,70 @@ local function operate(op, rec, a1, a2, a3, a4)
   return 'ok', rec
 end
 
+-- A record's head as a health result's fast path reads it: allocatable,
+-- healthy, then D, U and C (13 digits each).
+local INDEXED_TIMES = '^[AR]1' .. D13 .. D13 .. D13
+local EPOCH = '\t(%d+)\t%d+\t%d+\t[^\t]*$'
+
+-- A health result on the raw record of a proxy named once in the call,
+-- when it changes nothing but times: an indexed record (allocatable,
+-- healthy, D ahead) told it passed, at a checkedAt that keeps D ahead. Its
+-- index entry stays, only its `due` score moves: no decode, no index
+-- change. Returns the verdict, the epoch, and the record after it and its
+-- `due` write (locator, D) when it changed; nil when the general path must
+-- judge it.
+local function health_fast(raw, id, ok, at)
+  if ok ~= '1' or not raw or not find(raw, INDEXED_TIMES) or sub(raw, 3, 15) <= NOW13 then
+    return nil
+  end
+  local tab = find(raw, '\t', LOC_AT, true)
+  local epoch = tab and match(raw, EPOCH, tab)
+  if not epoch then return nil end
+  local loc = sub(raw, LOC_AT, tab - 1)
+  local cut = #loc - #id
+  if sub(loc, cut + 1) ~= id or byte(loc, cut) ~= 124 or byte(loc, cut - 14) ~= 124 then return nil end
+  local when = at == '' and NOW or tonumber(at)
+  if not is_int(when, 0, MAX_MS) then error({err = 'ERR bad checkedAt'}) end
+  local c13 = pad13(when)
+  if c13 < sub(raw, 29, 41) then return 'stale', tonumber(epoch) end
+  local u13 = sub(raw, 16, 28)
+  local d13 = pad13(deadline(tonumber(u13), tonumber(sub(loc, cut - 13, cut - 1)), when))
+  if d13 <= NOW13 then return nil end
+  return 'ok', tonumber(epoch), sub(raw, 1, 2) .. d13 .. u13 .. c13 .. sub(raw, LOC_AT), loc, d13
+end
+
 local function contract(keys, argv)
   bind_keys(keys)
   clock()
   read_policy(argv[1])
   if (#argv - 1) % 6 ~= 0 or #argv < 7 then error({err = 'ERR bad contract arguments'}) end
-  local ids = {}
-  for i = 2, #argv, 6 do ids[#ids + 1] = argv[i + 1] end
+  local ids, named = {}, {}
+  for i = 2, #argv, 6 do
+    local id = argv[i + 1]
+    ids[#ids + 1] = id
+    named[id] = (named[id] or 0) + 1
+  end
   local stored = chunked_read('HMGET', K.rec, ids)
+  -- Health results that change only times, on proxies named once.
+  local w, fast = new_writes(), {}
+  for i = 1, #ids do
+    local at = 2 + (i - 1) * 6
+    local id = ids[i]
+    if argv[at] == 'health' and named[id] == 1 then
+      local verdict, epoch, raw, loc, d13 = health_fast(stored[i] or nil, id, argv[at + 2], argv[at + 3])
+      if verdict then
+        fast[id] = {verdict, epoch}
+        if raw then
+          push2(w.rec_set, id, raw)
+          push2(w.due_set, d13, loc)
+        end
+      end
+    end
+  end
   local before, current, order = {}, {}, {}
   for i = 1, #ids do
     local id = ids[i]
-    if before[id] == nil then
+    if before[id] == nil and not fast[id] then
       local raw = stored[i] or nil
       local live = decode(raw)
       if raw and not live and not tombstone_locator(raw) then
@@ -119,7 +171,10 @@ local function contract(keys, argv)
     local op, id = argv[i], argv[i + 1]
     local rec = current[id]
     local verdict, after
-    if not rec then
+    if fast[id] then
+      reply[#reply + 1] = fast[id][1]
+      reply[#reply + 1] = fast[id][2]
+    elseif not rec then
       verdict = 'unknown'
     elseif rec.tomb then
       verdict = 'extracted'
@@ -127,12 +182,14 @@ local function contract(keys, argv)
       verdict, after = operate(op, copy(rec), argv[i + 2], argv[i + 3], argv[i + 4], argv[i + 5])
       if after ~= nil then current[id] = after end
     end
-    local now_rec = current[id]
-    reply[#reply + 1] = verdict
-    reply[#reply + 1] = (now_rec and not now_rec.tomb) and tonumber(now_rec.epoch) or 0
+    if not fast[id] then
+      local now_rec = current[id]
+      reply[#reply + 1] = verdict
+      reply[#reply + 1] = (now_rec and not now_rec.tomb) and tonumber(now_rec.epoch) or 0
+    end
   end
 
-  local w, ix = new_writes(), new_changes()
+  local ix = new_changes()
   local was = indexed_now(before, order)
   local held = 0
   for _, id in ipairs(order) do
