@@ -823,3 +823,22 @@ fn every_code_written_in_src_is_in_the_contract() {
         );
     }
 }
+
+/// docs/testing.md names every integration test file, so a newcomer finds
+/// what each one proves.
+#[test]
+fn the_testing_page_lists_every_test_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/testing.md")).unwrap();
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(root.join("tests")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".rs") && !page.contains(&format!("`tests/{name}`")) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/testing.md lists no row for {missing:?}"
+    );
+}
