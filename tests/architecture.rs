@@ -1,5 +1,6 @@
 //! The module graph points inward: every `crate::` path in the library's
-//! sources names a layer its module may use, as `src/lib.rs` states.
+//! sources names a layer its module may use, as `src/lib.rs` states; and no
+//! file reaches itself through the files it names.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -149,4 +150,93 @@ fn the_edges_are_found() {
     assert!(edges["distribution"].iter().any(|(d, _)| d == "pool"));
     assert!(edges["extraction"].iter().any(|(d, _)| d == "httpapi"));
     assert!(edges["pool"].iter().all(|(d, _)| d == "clock"));
+}
+
+/// The sibling files each library file refers to (`super::<file>` and
+/// `crate::<layer>::<file>` outside comments), by file: `pool/usage.rs`
+/// -> `pool/query.rs`. A layer's `mod.rs` is its front door, not a node.
+fn file_edges() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = BTreeSet::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let rel = path
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if path.is_dir() {
+                if rel != "bin" {
+                    stack.push(path);
+                }
+            } else if rel.ends_with(".rs") && !rel.ends_with("mod.rs") && rel != "lib.rs" {
+                files.insert(rel);
+            }
+        }
+    }
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let dir = file.rsplit_once('/').map_or("", |(d, _)| d);
+        let text = std::fs::read_to_string(src.join(file)).unwrap();
+        let code: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut targets = BTreeSet::new();
+        for (at, _) in code.match_indices("super::") {
+            let name = ident(&code[at + "super::".len()..]);
+            if !dir.is_empty() {
+                targets.insert(format!("{dir}/{name}.rs"));
+            }
+        }
+        for (at, _) in code.match_indices("crate::") {
+            let rest = &code[at + "crate::".len()..];
+            let layer = ident(rest);
+            if let Some(after) = rest[layer.len()..].strip_prefix("::") {
+                targets.insert(format!("{layer}/{}.rs", ident(after)));
+            }
+        }
+        targets.retain(|t| files.contains(t) && t != file);
+        out.insert(file.clone(), targets);
+    }
+    out
+}
+
+/// No import circle between files either: `redis_pool -> query -> usage ->
+/// redis_pool` was one (a type in the wrong file), and a circle makes every
+/// file on it part of every other.
+#[test]
+fn no_file_imports_itself_through_others() {
+    let edges = file_edges();
+    assert!(
+        edges["pool/usage.rs"].contains("pool/query.rs"),
+        "the edges are found"
+    );
+    // Kahn: files drop out once nothing they name is left.
+    let mut left = edges.clone();
+    loop {
+        let free: Vec<String> = left
+            .iter()
+            .filter(|(_, d)| d.is_empty())
+            .map(|(f, _)| f.clone())
+            .collect();
+        if free.is_empty() {
+            break;
+        }
+        for f in free {
+            left.remove(&f);
+            for d in left.values_mut() {
+                d.remove(&f);
+            }
+        }
+    }
+    assert!(left.is_empty(), "files on an import circle: {left:#?}");
 }

@@ -42,12 +42,10 @@ pub use new_proxy::{LineError, NewProxy, UpsertStatus};
 pub use policy::PoolPolicy;
 pub use query::{
     CommittedExtraction, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope,
-    PooledProxy, Protocol, Selection,
+    PooledProxy, Protocol, Selection, UsageScope, hour_of,
 };
 pub use redis_pool::{
     Admission, CREDENTIAL_REREAD_EVERY, CredentialSource, Limit, LimitState, RedisPool,
 };
 pub use scripts::extract_names;
-pub use usage::{
-    CallCounter, HourUsage, ProxyCounter, UsageBacklog, UsageOutcome, UsageScope, hour_of,
-};
+pub use usage::{CallCounter, HourUsage, ProxyCounter, UsageBacklog, UsageOutcome};

@@ -1,5 +1,5 @@
-//! Usage counters in Redis: the scope an extraction hands `lua/extract.lua`
-//! to count its outcome in (one hash per hour, `{pp}:usage:<hour>`), and the
+//! Usage counters in Redis (one hash per hour, `{pp}:usage:<hour>`, counted
+//! into by `lua/extract.lua` in the scope `query::UsageScope` names): the
 //! Redis side of moving closed hours elsewhere: which hours are closed
 //! (`lua/usage_backlog.lua`), reading one, forgetting one, and remembering
 //! the hours a flush could not move.
@@ -17,69 +17,15 @@ use serde::Serialize;
 
 use super::error::PoolError;
 use super::keys;
+use super::query::{HOUR_S, hour_of};
 use super::redis_pool::RedisPool;
 use super::scripts;
 
-/// Seconds in an hour: the counters' granularity.
-pub(crate) const HOUR_S: i64 = 3600;
-/// How far the caller's clock may be from the Redis clock for a call to be
-/// counted: the call declares the hashes of the hours its own time minus
-/// and plus this falls in, and the script takes the one its `TIME` is in.
-const CLOCK_SLACK_S: i64 = 600;
 /// An hour is closed (never counted into again) this long after it ends:
 /// a margin for a Redis clock that steps back, e.g. after a failover.
 pub(crate) const CLOSE_GRACE_S: i64 = 120;
 /// Fields read per `HSCAN` call.
 const SCAN_PAGE: usize = 1000;
-
-/// The start (Unix s) of the hour `unix_s` falls in.
-pub fn hour_of(unix_s: i64) -> i64 {
-    unix_s - unix_s.rem_euclid(HOUR_S)
-}
-
-/// Where one extraction's outcome is counted: the client's label and the
-/// two hourly hashes the Redis clock may be in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageScope {
-    client: String,
-    hours: [i64; 2],
-    retention_s: u64,
-}
-
-impl UsageScope {
-    /// Counts under `client` (1 to 128 bytes, no `|`, no control
-    /// characters: else `None`), in hashes that live `retention` after
-    /// their hour ends; `now_ms` is the caller's clock.
-    pub fn new(client: &str, retention: Duration, now_ms: i64) -> Option<Self> {
-        if client.is_empty()
-            || client.len() > 128
-            || client.contains('|')
-            || client.chars().any(char::is_control)
-        {
-            return None;
-        }
-        let now_s = now_ms.div_euclid(1000);
-        Some(Self {
-            client: client.to_owned(),
-            hours: [
-                hour_of(now_s - CLOCK_SLACK_S),
-                hour_of(now_s + CLOCK_SLACK_S),
-            ],
-            retention_s: retention.as_secs(),
-        })
-    }
-
-    /// Adds the counters' two keys and four arguments to an extraction
-    /// call (where `lua/extract.lua` expects them).
-    pub(super) fn declare(&self, inv: &mut super::scripts::Invocation<'_>) {
-        inv.key(keys::usage_hour(self.hours[0]))
-            .key(keys::usage_hour(self.hours[1]))
-            .arg(&self.client)
-            .arg(self.hours[0])
-            .arg(self.hours[1])
-            .arg(self.retention_s);
-    }
-}
 
 /// How a counted extraction call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -386,19 +332,6 @@ impl RedisPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The two declared hours bracket the caller's clock by ten minutes.
-    #[test]
-    fn scope_brackets_the_clock() {
-        let day = Duration::from_secs(86_400);
-        let mid = UsageScope::new("acme", day, 1_785_234_600_000).unwrap(); // 10:30
-        assert_eq!(mid.hours, [1_785_232_800, 1_785_232_800]);
-        let late = UsageScope::new("acme", day, 1_785_236_100_000).unwrap(); // 10:55
-        assert_eq!(late.hours, [1_785_232_800, 1_785_236_400]);
-        assert!(UsageScope::new("a|b", day, 0).is_none());
-        assert!(UsageScope::new("", day, 0).is_none());
-        assert!(UsageScope::new("a\nb", day, 0).is_none());
-    }
 
     /// Fields parse into counters, a one-tuple commit (`f|`) into both a
     /// call and its proxies, merged with the other fields of the same
