@@ -170,7 +170,9 @@ end
 local DIMS = {'R', 'C', 'U'}
 -- Named combinations enumerated whatever the walk would cost.
 local ENUMERATE_ALWAYS = 256
-local function plan_enumeration(X, protocols, dims, fields, counts, volume)
+-- What opening one range of heads costs, in counter reads.
+local RANGE_COST = 8
+local function plan_enumeration(X, protocols, dims, counts, volume, ranges)
   local per, restricted = {}, {}
   for i = 1, #protocols do per[i] = {} end
   for _, d in ipairs(dims) do
@@ -205,12 +207,13 @@ local function plan_enumeration(X, protocols, dims, fields, counts, volume)
   local product = 0
   for i = 1, #protocols do product = product + #per[i].R * #per[i].C * #per[i].U end
   -- Enumerating costs a counter read for each of the `product` combinations
-  -- named; walking the grouping skips at most the `volume - product`
+  -- named; walking the grouping opens its `ranges` (a page read each,
+  -- about RANGE_COST counters) and skips at most the `volume - product`
   -- heads it holds that are not named, when every named one exists (more
   -- when some do not: a walk that skips more than `product` heads starts
   -- again, enumerating).
   local e = {protocols = protocols, per = per}
-  if product <= ENUMERATE_ALWAYS or product <= volume - product then
+  if product <= ENUMERATE_ALWAYS or product <= volume - product + RANGE_COST * ranges then
     X.enumerate = e
   else
     X.fallback, X.skip_heads_max = e, product
@@ -333,7 +336,7 @@ local function plan(X)
     if not present then X.nothing = true; return end
     if not best or d.volume < best.volume then best = d end
   end
-  if #dims > 1 then plan_enumeration(X, protocols, dims, fields, counts, best.volume) end
+  if #dims > 1 then plan_enumeration(X, protocols, dims, counts, best.volume, #best.ranges) end
   X.ranges, X.entries, X.volume, X.check = best.ranges, best.entries, best.volume, #dims > 1
 end
 
@@ -961,8 +964,8 @@ local function record_result(X)
   return result
 end
 
--- The first proxy (count=1 without a reserve, the common request) of a
--- plan that checks no head: the least of its ranges' first heads is the
+-- The first proxy (count=1, the common request; with a reserve, once
+-- the count has left one to take) of a plan that checks no head: the least of its ranges' first heads is the
 -- soonest entry of all it names.
 -- When that entry is eligible and the counters agree with the index, it is
 -- taken here in straight-line code: the same writes the walk and the
@@ -1087,7 +1090,9 @@ local function extract(keys, argv)
       return short(X, X.available)
     end
   end
-  if X.target == 1 and X.reserve == 0 and not X.nothing and (X.enumerate or not X.check) then
+  -- (With a reserve, once the count planned no writes of its own.)
+  if X.target == 1 and not X.nothing and (X.enumerate or not X.check)
+     and (X.reserve == 0 or (next(w) == nil and #ix.order == 0)) then
     local taken = take_first(X)
     if taken == true then
       local result = record_result(X)

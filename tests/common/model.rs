@@ -53,23 +53,64 @@ impl PoolState {
     }
 }
 
+/// Entries a page of the reads below takes: each command stays far from
+/// the pool's response timeout, however large the pool and busy the
+/// machine (the state is read while nothing writes, so pages agree).
+const PAGE: usize = 5_000;
+
 async fn members(conn: &mut PoolConnection, key: &str) -> Result<Vec<String>, PoolError> {
-    Ok(redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .query_async(conn)
-        .await?)
+    let mut out = Vec::new();
+    loop {
+        let page: Vec<String> = redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(out.len())
+            .arg(out.len() + PAGE - 1)
+            .query_async(conn)
+            .await?;
+        let last = page.len() < PAGE;
+        out.extend(page);
+        if last {
+            return Ok(out);
+        }
+    }
 }
 
 async fn scored(conn: &mut PoolConnection, key: &str) -> Result<Vec<(String, f64)>, PoolError> {
-    Ok(redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(conn)
-        .await?)
+    let mut out = Vec::new();
+    loop {
+        let page: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(out.len())
+            .arg(out.len() + PAGE - 1)
+            .arg("WITHSCORES")
+            .query_async(conn)
+            .await?;
+        let last = page.len() < PAGE;
+        out.extend(page);
+        if last {
+            return Ok(out);
+        }
+    }
+}
+
+/// A whole hash, read by `HSCAN` in pages.
+async fn hash(conn: &mut PoolConnection, key: &str) -> Result<BTreeMap<String, String>, PoolError> {
+    let mut out = BTreeMap::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, page): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+            .arg(key)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(PAGE)
+            .query_async(conn)
+            .await?;
+        out.extend(page);
+        if next == 0 {
+            return Ok(out);
+        }
+        cursor = next;
+    }
 }
 
 /// One record as `lua/prelude/record.lua` writes it, as JSON, with its
@@ -132,17 +173,11 @@ fn decode_record(id: &str, raw: &str) -> Option<(Value, String, i64, Option<Stri
 /// every idempotency record has its due entry; and no pool key has a TTL.
 pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
     let mut conn = pool.connection();
-    let raw: BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg(keys::RECORDS)
-        .query_async(&mut conn)
-        .await?;
+    let raw = hash(&mut conn, keys::RECORDS).await?;
     let due = scored(&mut conn, keys::DUE).await?;
     let ax = members(&mut conn, keys::INDEX).await?;
     let hd: BTreeSet<String> = members(&mut conn, keys::HEADS).await?.into_iter().collect();
-    let counts: BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg(keys::COUNTS)
-        .query_async(&mut conn)
-        .await?;
+    let counts = hash(&mut conn, keys::COUNTS).await?;
     let now: (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
     let read_at = now.0 * 1000 + now.1 / 1000;
     let disagree = |what: String| {
