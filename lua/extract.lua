@@ -511,8 +511,12 @@ local function count_eligible(X, w, ix)
   local atoms, counts = enumerated(X)
   local sum = 0
   for i = 1, #atoms do
-    local head, n = match(counts[i] or '', ATOM_COUNT)
-    if head and head ~= '' then sum = sum + max(0, tonumber(n) - (spent_in[atoms[i]] or 0)) end
+    -- "<head>\t<n>", counted when it has a head (its n read in place).
+    local v = counts[i]
+    if v and byte(v, 1) ~= 9 then
+      local n = tonumber(sub(v, (find(v, '\t', 15, true) or #v) + 1)) or 0
+      sum = sum + max(0, n - (spent_in[atoms[i]] or 0))
+    end
   end
   return sum
 end
