@@ -479,19 +479,10 @@ local function count_eligible(X, w, ix)
     drain(w, ix, spent, SPENT_DRAIN)
     return nil
   end
-  if not X.check then
-    -- One grouping: its counters, less the spent entries it covers.
-    local sum = X.entries
-    for i = 1, #spent do
-      local p, r, c, u = split_locator(spent[i])
-      if p and matches_parts(X, p, r, c, u) then sum = sum - 1 end
-    end
-    return max(sum, 0)
-  end
-  -- Several, walked (not enumerated): by inclusion and exclusion, less the
-  -- spent entries the filter matches.
-  if not X.enumerate then
-    local sum = ie_count(X)
+  if not (X.check and X.enumerate) then
+    -- One grouping: its counters; several, walked (not enumerated): by
+    -- inclusion and exclusion. Less the spent entries the filter matches.
+    local sum = X.check and ie_count(X) or X.entries
     for i = 1, #spent do
       local p, r, c, u = split_locator(spent[i])
       if p and matches_parts(X, p, r, c, u) then sum = sum - 1 end

@@ -50,10 +50,11 @@ const RULE: [(&str, &[&str]); 15] = [
     ("telemetry", &[]),
 ];
 
-/// `crate::<layer>` edges of every library source file, by the file's layer.
-fn edges() -> BTreeMap<String, BTreeSet<(String, String)>> {
-    let mut out: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
+/// The library's source files (not `src/bin/`), as paths relative to
+/// `src/`.
+fn library_files() -> Vec<String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
     let mut stack = vec![src.clone()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
@@ -67,28 +68,38 @@ fn edges() -> BTreeMap<String, BTreeSet<(String, String)>> {
                 if rel != "bin" {
                     stack.push(path);
                 }
-                continue;
+            } else if rel.ends_with(".rs") {
+                files.push(rel);
             }
-            if rel == "lib.rs" || rel == "main.rs" || !rel.ends_with(".rs") {
-                continue;
-            }
-            let layer = rel
-                .split('/')
-                .next()
-                .unwrap()
-                .trim_end_matches(".rs")
-                .to_owned();
-            let text = std::fs::read_to_string(&path).unwrap();
-            for (at, _) in text.match_indices("crate::") {
-                let name: String = text[at + "crate::".len()..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() && name != layer {
-                    out.entry(layer.clone())
-                        .or_default()
-                        .insert((name, rel.clone()));
-                }
+        }
+    }
+    files
+}
+
+/// `crate::<layer>` edges of every library source file, by the file's layer.
+fn edges() -> BTreeMap<String, BTreeSet<(String, String)>> {
+    let mut out: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for rel in library_files() {
+        if rel == "lib.rs" || rel == "main.rs" {
+            continue;
+        }
+        let layer = rel
+            .split('/')
+            .next()
+            .unwrap()
+            .trim_end_matches(".rs")
+            .to_owned();
+        let text = std::fs::read_to_string(src.join(&rel)).unwrap();
+        for (at, _) in text.match_indices("crate::") {
+            let name: String = text[at + "crate::".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && name != layer {
+                out.entry(layer.clone())
+                    .or_default()
+                    .insert((name, rel.clone()));
             }
         }
     }
@@ -157,25 +168,10 @@ fn the_edges_are_found() {
 /// -> `pool/query.rs`. A layer's `mod.rs` is its front door, not a node.
 fn file_edges() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = BTreeSet::new();
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let rel = path
-                .strip_prefix(&src)
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            if path.is_dir() {
-                if rel != "bin" {
-                    stack.push(path);
-                }
-            } else if rel.ends_with(".rs") && !rel.ends_with("mod.rs") && rel != "lib.rs" {
-                files.insert(rel);
-            }
-        }
-    }
+    let files: BTreeSet<String> = library_files()
+        .into_iter()
+        .filter(|rel| !rel.ends_with("mod.rs") && rel != "lib.rs")
+        .collect();
     let ident = |s: &str| -> String {
         s.chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')

@@ -229,28 +229,6 @@ async fn the_connection_cap_holds() {
     assert_eq!(response(&mut second).await, 200);
 }
 
-/// One complete answer in `raw`: status, lower-cased headers, body.
-fn parse_answer(raw: &[u8]) -> (u16, std::collections::BTreeMap<String, String>, String) {
-    let raw = String::from_utf8(raw.to_vec()).unwrap();
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no complete answer: {raw:?}"));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(": "))
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.to_owned()))
-        .collect();
-    (status, headers, body.to_owned())
-}
-
 /// Sends `request` on a fresh connection; the answer, read to the close.
 async fn refused(addr: SocketAddr, request: &[u8]) -> (u16, serde_json::Value) {
     let mut stream = TcpStream::connect(addr).await.unwrap();
@@ -265,7 +243,7 @@ async fn refused(addr: SocketAddr, request: &[u8]) -> (u16, serde_json::Value) {
 /// of the handler: `application/problem+json`, valid against the
 /// contract, its `requestId` the `X-Request-ID` header.
 fn problem_of(raw: &[u8]) -> (u16, serde_json::Value) {
-    let (status, headers, body) = parse_answer(raw);
+    let (status, headers, body) = common::parse_answer(raw);
     assert_eq!(
         headers["content-type"], "application/problem+json",
         "{body}"
@@ -364,7 +342,7 @@ async fn a_refused_head_behind_a_pipelined_request_is_a_problem() {
         let raw = timeout(Duration::from_secs(10), until_closed(&mut stream))
             .await
             .expect("answered and closed");
-        let (status, headers, rest) = parse_answer(&raw);
+        let (status, headers, rest) = common::parse_answer(&raw);
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&raw));
         let length: usize = headers["content-length"].parse().unwrap();
         let health: serde_json::Value = serde_json::from_str(&rest[..length]).unwrap();

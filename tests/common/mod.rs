@@ -439,8 +439,15 @@ pub async fn http(
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await.unwrap();
-    let raw = String::from_utf8(raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    parse_answer(&raw)
+}
+
+/// One complete HTTP/1.1 answer in `raw`: status, lower-cased headers, body.
+pub fn parse_answer(raw: &[u8]) -> (u16, BTreeMap<String, String>, String) {
+    let raw = String::from_utf8(raw.to_vec()).unwrap();
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no complete answer: {raw:?}"));
     let mut lines = head.lines();
     let status = lines
         .next()

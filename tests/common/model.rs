@@ -58,15 +58,21 @@ impl PoolState {
 /// machine (the state is read while nothing writes, so pages agree).
 const PAGE: usize = 5_000;
 
-async fn members(conn: &mut PoolConnection, key: &str) -> Result<Vec<String>, PoolError> {
+/// A whole sorted set in index order (with its scores when `T` takes
+/// them, `WITHSCORES`), read in pages.
+async fn zrange_all<T: redis::FromRedisValue>(
+    conn: &mut PoolConnection,
+    key: &str,
+    with_scores: bool,
+) -> Result<Vec<T>, PoolError> {
     let mut out = Vec::new();
     loop {
-        let page: Vec<String> = redis::cmd("ZRANGE")
-            .arg(key)
-            .arg(out.len())
-            .arg(out.len() + PAGE - 1)
-            .query_async(conn)
-            .await?;
+        let mut cmd = redis::cmd("ZRANGE");
+        cmd.arg(key).arg(out.len()).arg(out.len() + PAGE - 1);
+        if with_scores {
+            cmd.arg("WITHSCORES");
+        }
+        let page: Vec<T> = cmd.query_async(conn).await?;
         let last = page.len() < PAGE;
         out.extend(page);
         if last {
@@ -75,22 +81,12 @@ async fn members(conn: &mut PoolConnection, key: &str) -> Result<Vec<String>, Po
     }
 }
 
+async fn members(conn: &mut PoolConnection, key: &str) -> Result<Vec<String>, PoolError> {
+    zrange_all(conn, key, false).await
+}
+
 async fn scored(conn: &mut PoolConnection, key: &str) -> Result<Vec<(String, f64)>, PoolError> {
-    let mut out = Vec::new();
-    loop {
-        let page: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(key)
-            .arg(out.len())
-            .arg(out.len() + PAGE - 1)
-            .arg("WITHSCORES")
-            .query_async(conn)
-            .await?;
-        let last = page.len() < PAGE;
-        out.extend(page);
-        if last {
-            return Ok(out);
-        }
-    }
+    zrange_all(conn, key, true).await
 }
 
 /// A whole hash, read by `HSCAN` in pages.
