@@ -47,6 +47,13 @@ local function count_arg(v)
   return nil
 end
 
+-- A health result's checkedAt argument, ms ("" = now).
+local function checked_at(arg)
+  local at = arg == '' and NOW or tonumber(arg)
+  if not is_int(at, 0, MAX_MS) then error({err = 'ERR bad checkedAt'}) end
+  return at
+end
+
 -- One operation on `rec` (a copy of the current record); returns its
 -- verdict, and the record after it when applied (false: deleted).
 local function operate(op, rec, a1, a2, a3, a4)
@@ -54,9 +61,7 @@ local function operate(op, rec, a1, a2, a3, a4)
   if rec.e13 <= NOW13 then return 'expired' end
   local holds = rec.owner == a1 and rec.epoch == a2
   if op == 'health' then
-    local at = a2 == '' and NOW or tonumber(a2)
-    if not is_int(at, 0, MAX_MS) then error({err = 'ERR bad checkedAt'}) end
-    local c13 = pad13(at)
+    local c13 = pad13(checked_at(a2))
     if c13 < rec.c13 then return 'stale' end
     rec.h, rec.c13 = a1 == '1' and '1' or '0', c13
   elseif op == 'claim' then
@@ -113,8 +118,7 @@ local function health_fast(raw, id, ok, at)
   local loc = sub(raw, LOC_AT, tab - 1)
   local cut = #loc - #id
   if sub(loc, cut + 1) ~= id or byte(loc, cut) ~= 124 or byte(loc, cut - 14) ~= 124 then return nil end
-  local when = at == '' and NOW or tonumber(at)
-  if not is_int(when, 0, MAX_MS) then error({err = 'ERR bad checkedAt'}) end
+  local when = checked_at(at)
   local c13 = pad13(when)
   if c13 < sub(raw, 29, 41) then return 'stale', tonumber(epoch) end
   local u13 = sub(raw, 16, 28)

@@ -354,56 +354,47 @@ local function product_size(s, full)
   return n
 end
 
--- The least counters to read for product `s` (a dimension: a list of
--- values, or nil for all), splitting only dimensions not in `fixed`; and
--- the dimension to split first (nil: a leaf).
+-- The cheapest way to count product `s` (a dimension: a list of values,
+-- or nil for all), splitting only dimensions not in `fixed`: a node
+-- {cost (counters read), s, and either wide and narrow (the nodes of the
+-- split: s with one dimension widened, less s with its complement) or leaf:
+-- "protocol", "grouping" (of dimension `dim`) or "product"}.
 local function ie_plan(s, full, comp, fixed)
-  local restricted = 0
-  for _, l in ipairs(DIMS) do if s[l] then restricted = restricted + 1 end end
-  if restricted == 0 then return 1, nil end
-  local best, split = product_size(s, full), nil
+  local restricted, only = 0, nil
+  for _, l in ipairs(DIMS) do if s[l] then restricted, only = restricted + 1, l end end
+  if restricted == 0 then return {cost = 1, s = s, leaf = 'protocol'} end
+  local best = {cost = product_size(s, full), s = s, leaf = 'product'}
   if restricted == 1 then
-    for _, l in ipairs(DIMS) do if s[l] then best = min(best, #s[l]) end end
-    return best, nil
+    if #s[only] <= best.cost then best = {cost = #s[only], s = s, leaf = 'grouping', dim = only} end
+    return best
   end
   for _, l in ipairs(DIMS) do
     if s[l] and not fixed[l] then
-      local wide, narrow = {}, {}
+      local wide, narrow, f2 = {}, {}, {[l] = true}
       for _, m in ipairs(DIMS) do wide[m], narrow[m] = s[m], s[m] end
       wide[l], narrow[l] = nil, comp[l]
-      local f2 = {[l] = true}
       for m in pairs(fixed) do f2[m] = true end
-      local cost = ie_plan(wide, full, comp, fixed) + ie_plan(narrow, full, comp, f2)
-      if cost < best then best, split = cost, l end
+      local a, b = ie_plan(wide, full, comp, fixed), ie_plan(narrow, full, comp, f2)
+      if a.cost + b.cost < best.cost then best = {cost = a.cost + b.cost, wide = a, narrow = b} end
     end
   end
-  return best, split
+  return best
 end
 
--- Appends the counter fields of product `s` for protocol `p` to `out`
+-- Appends the counter fields of plan `node` for protocol `p` to `out`
 -- ({fields, signs}), each with `sign`.
-local function ie_fields(p, s, full, comp, fixed, sign, out)
-  local _, split = ie_plan(s, full, comp, fixed)
-  local fields, signs = out.fields, out.signs
-  if split then
-    local wide, narrow = {}, {}
-    for _, m in ipairs(DIMS) do wide[m], narrow[m] = s[m], s[m] end
-    wide[split], narrow[split] = nil, comp[split]
-    local f2 = {[split] = true}
-    for m in pairs(fixed) do f2[m] = true end
-    ie_fields(p, wide, full, comp, fixed, sign, out)
-    ie_fields(p, narrow, full, comp, f2, -sign, out)
+local function ie_fields(p, node, full, sign, out)
+  if node.wide then
+    ie_fields(p, node.wide, full, sign, out)
+    ie_fields(p, node.narrow, full, -sign, out)
     return
   end
-  local only, restricted = nil, 0
-  for _, l in ipairs(DIMS) do
-    if s[l] then only, restricted = l, restricted + 1 end
-  end
-  if restricted == 0 then
+  local fields, signs, s = out.fields, out.signs, node.s
+  if node.leaf == 'protocol' then
     fields[#fields + 1], signs[#fields + 1] = 'P|' .. p, sign
-  elseif restricted == 1 and #s[only] <= product_size(s, full) then
-    for _, v in ipairs(s[only]) do
-      fields[#fields + 1], signs[#fields + 1] = only .. '|' .. p .. '|' .. v, sign
+  elseif node.leaf == 'grouping' then
+    for _, v in ipairs(s[node.dim]) do
+      fields[#fields + 1], signs[#fields + 1] = node.dim .. '|' .. p .. '|' .. v, sign
     end
   else
     for _, r in ipairs(s.R or full.R) do
@@ -439,7 +430,7 @@ local function ie_count(X)
         full[l] = named[l]
       end
     end
-    ie_fields(p, s, full, comp, {}, 1, out)
+    ie_fields(p, ie_plan(s, full, comp, {}), full, 1, out)
   end
   local values = chunked_read('HMGET', K.cnt, out.fields)
   local sum = 0
