@@ -38,21 +38,6 @@ fn invented(tag: &str, n: usize) -> String {
     list((0..n).map(|i| format!("nowhere-{tag}-{i}")))
 }
 
-async fn used_memory(h: &Harness) -> i64 {
-    let mut conn = h.redis().await;
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 async fn dbsize_and_counters(h: &Harness) -> (u64, u64) {
     let mut conn = h.redis().await;
     let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
@@ -159,12 +144,12 @@ async fn invented_values_leave_nothing_behind() {
     for i in 0..30 {
         assert_eq!(h.extract(&body(i), &[]).await.status, 200);
     }
-    let before = (used_memory(&h).await, dbsize_and_counters(&h).await);
+    let before = (h.used_memory().await, dbsize_and_counters(&h).await);
     for i in 30..10_030 {
         let r = h.extract(&body(i), &[]).await;
         assert_eq!((r.status, r.ids().len()), (200, 0), "{}", r.body);
     }
-    let after = (used_memory(&h).await, dbsize_and_counters(&h).await);
+    let after = (h.used_memory().await, dbsize_and_counters(&h).await);
     eprintln!("used_memory {} -> {} bytes", before.0, after.0);
     assert_eq!(before.1, after.1, "keys and counters");
     assert!(

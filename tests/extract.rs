@@ -402,24 +402,11 @@ async fn script_error_leaves_the_pool_untouched() {
 async fn out_of_memory_is_503_and_changes_nothing() {
     let h = Harness::start().await;
     h.load(&proxies("m", 4)).await;
-    let mut conn = h.redis().await;
     let before = h.snapshot().await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    h.config_set("maxmemory", 1).await;
     let r = h.extract(r#"{"count":2}"#, &[]).await;
     assert_eq!(r.status, 503);
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(0)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    h.config_set("maxmemory", 0).await;
     assert_eq!(h.snapshot().await, before);
     assert_eq!(h.extract(r#"{"count":2}"#, &[]).await.ids().len(), 2);
 }
@@ -444,25 +431,8 @@ async fn a_full_redis_loses_nothing_under_volatile_or_no_eviction() {
         let first = h.extract(r#"{"count":2}"#, &key).await;
         assert_eq!(first.ids().len(), 2);
         let mut conn = h.redis().await;
-        let used: String = redis::cmd("INFO")
-            .arg("memory")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let used: u64 = used
-            .lines()
-            .find_map(|l| l.strip_prefix("used_memory:"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory")
-            .arg(used + 256 * 1024)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let used = h.used_memory().await;
+        h.config_set("maxmemory", used + 256 * 1024).await;
         // Volatile keys to evict (as rate-limit state would be), then a fill
         // until Redis refuses.
         for i in 0..64 {
@@ -505,13 +475,7 @@ async fn a_full_redis_loses_nothing_under_volatile_or_no_eviction() {
         for (loc, d) in &before.index {
             assert_eq!(during.index.get(loc), Some(d), "{policy}: {loc}");
         }
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory")
-            .arg(0)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        h.config_set("maxmemory", 0).await;
         let retry = h.extract(r#"{"count":2}"#, &key).await;
         assert_eq!(
             retry.header("idempotent-replayed"),
@@ -541,14 +505,7 @@ async fn readiness_refuses_an_allkeys_eviction_policy() {
     );
     assert_eq!(r.header("readiness-reasons"), Some("eviction-policy"));
     assert!(!r.body.contains("allkeys"), "{}", r.body);
-    let mut conn = h.redis().await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("volatile-lru")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    h.config_set("maxmemory-policy", "volatile-lru").await;
     assert_eq!(h.get("/health/ready").await.status, 200);
 }
 

@@ -193,6 +193,34 @@ impl Harness {
             .unwrap()
     }
 
+    /// `CONFIG SET name value` on the test's Redis.
+    pub async fn config_set(&self, name: &str, value: impl redis::ToRedisArgs) {
+        let mut conn = self.redis().await;
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    /// Redis's `used_memory` (`INFO memory`), bytes.
+    pub async fn used_memory(&self) -> i64 {
+        let mut conn = self.redis().await;
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
     /// A raw connection without a response timeout, for commands that
     /// block on purpose (`DEBUG SLEEP`) or are sent while Redis is blocked.
     pub async fn admin(&self) -> redis::aio::MultiplexedConnection {
