@@ -50,7 +50,9 @@
 --   walk     a merge in expiry order over ranges (by their current head),
 --            combinations (by head) and entries: each candidate's record is
 --            judged (prelude/record.lua); spent and damaged entries are passed
---            and leave the index; at most SKIP_MAX of them per call
+--            and leave the index; at most SKIP_MAX of them per call, in at
+--            most TOUCH_MAX combinations (each one's counter and heads are
+--            rewritten: the costlier bound when they interleave over many)
 --   decide   fulfillment; a walk that passed SKIP_MAX entries reads every
 --            eligible entry from `due` when there are at most FEW, else
 --            answers "again" (the entries it passed are out for good)
@@ -60,6 +62,7 @@
 --            every pool write: a damaged counter hash never fails a call
 
 local SKIP_MAX = 400
+local TOUCH_MAX = 48
 local FEW = 2000
 local SPENT_READ = 1000
 local SPENT_DRAIN = 256
@@ -688,7 +691,10 @@ local function step_entry(X, h, cur)
       X.taken[found], X.taken_m[found], X.taken_id[found] = handed, member, sub(member, from + 14)
     else
       if fate == JUNK then ex_r[n] = raw end
-      if not cur.passed then cur.passed = true end
+      if not cur.passed then
+        cur.passed = true
+        X.touched = X.touched + 1
+      end
       skipped = skipped + 1
     end
     i = i + 1
@@ -716,9 +722,10 @@ local function open_enumerated(X, h, cur)
 end
 
 -- The merge: until `target` eligible entries are found, everything is
--- seen (X.exhausted), or SKIP_MAX entries were passed (X.stuck).
+-- seen (X.exhausted), or SKIP_MAX entries (or entries in TOUCH_MAX
+-- combinations) were passed (X.stuck).
 local function walk(X)
-  X.found, X.skipped, X.skipped_heads = 0, 0, 0
+  X.found, X.skipped, X.skipped_heads, X.touched = 0, 0, 0, 0
   X.taken, X.taken_m, X.taken_id, X.cursors, X.opened, X.bogus, X.refresh = {}, {}, {}, {}, {}, {}, {}
   if X.nothing or X.target == 0 then X.exhausted = true; return end
   local h = {}
@@ -752,7 +759,7 @@ local function walk(X)
       open_enumerated(X, h, cur)
     else
       step_entry(X, h, cur)
-      if X.skipped >= SKIP_MAX then X.stuck = true; return end
+      if X.skipped >= SKIP_MAX or X.touched >= TOUCH_MAX then X.stuck = true; return end
     end
   end
 end
