@@ -299,3 +299,56 @@ async fn stall_timeline_runs_and_reports() {
     assert!(pruned > 0, "{timeline}");
     assert!(timeline["p99Us"].as_u64().unwrap() > 0);
 }
+
+/// `--steady` runs extraction alone, then every writer beside it at each
+/// rate: the writers get through their items and take Redis time only
+/// while they run, the scheduled job runs, every answer is a 200, and no
+/// proxy is handed out twice.
+#[tokio::test]
+async fn steady_state_runs_every_writer_and_reports() {
+    let report = bench_json(&[
+        "--steady",
+        "--sizes",
+        "20k",
+        "--combinations",
+        "18",
+        "--quiet-seconds",
+        "2",
+        "--steady-rates",
+        "100,200",
+        "--step-seconds",
+        "3",
+        "--job-every",
+        "2",
+        "--concurrency",
+        "2",
+    ])
+    .await;
+    let steps = report["steps"].as_array().unwrap();
+    let rates: Vec<(u64, bool)> = steps
+        .iter()
+        .map(|s| (s["rate"].as_u64().unwrap(), s["writers"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(rates, [(100, false), (100, true), (200, true)]);
+    assert_eq!(report["seconds"].as_array().unwrap().len(), 8);
+    let quiet = &steps[0];
+    assert_eq!(quiet["shares"]["writers"], 0.0, "{quiet}");
+    assert!(
+        quiet["shares"]["extract"].as_f64().unwrap() > 0.0,
+        "{quiet}"
+    );
+    for step in &steps[1..] {
+        for field in ["refreshedPerSec", "healthPerSec", "workerOpsPerSec"] {
+            assert!(step[field].as_f64().unwrap() > 0.0, "{field}: {step}");
+        }
+        assert!(step["shares"]["writers"].as_f64().unwrap() > 0.0, "{step}");
+        assert!(step["memory"].as_u64().unwrap() > 0, "{step}");
+    }
+    for step in steps {
+        let statuses = step["statuses"].as_object().unwrap();
+        assert_eq!(statuses.keys().collect::<Vec<_>>(), ["200"], "{step}");
+    }
+    assert!(!report["jobs"].as_array().unwrap().is_empty(), "{report}");
+    assert!(report["handedOut"].as_u64().unwrap() > 500, "{report}");
+    assert_eq!(report["duplicates"], 0);
+}

@@ -484,6 +484,41 @@ pub struct BenchArgs {
     /// 4 s budget, as the scheduled invocation runs it; default 10; 0: none).
     #[arg(long)]
     pub prune_every: Option<u64>,
+    /// Instead of the cells: the steady state. Fill N (the first --sizes,
+    /// default 1M) of the first --combinations, measure extraction alone,
+    /// then every writer (Controller refreshes, health results, Worker
+    /// claim cycles, the scheduled job) and extraction together at each
+    /// --steady-rates, with each operation's share of Redis time, p99,
+    /// PING, backlog and memory per second, and the headroom.
+    #[arg(long, conflicts_with = "stall")]
+    pub steady: bool,
+    /// --steady: extraction calls per second, one step each (default
+    /// 1000,2000,4000,6000,8000). --counts sets the requests' counts,
+    /// taken in turn (default: 7 in 10 count=1, the others count=10).
+    #[arg(long, value_delimiter = ',')]
+    pub steady_rates: Vec<u64>,
+    /// --steady: seconds per step (default 30; 600 for a memory run).
+    #[arg(long)]
+    pub step_seconds: Option<u64>,
+    /// --steady: seconds of extraction alone first, the second half
+    /// measured (default 20).
+    #[arg(long)]
+    pub quiet_seconds: Option<u64>,
+    /// --steady: refreshes per second (default N / 1800: 30-minute lives).
+    #[arg(long)]
+    pub refresh_per_sec: Option<u64>,
+    /// --steady: health results per second (default N / 120).
+    #[arg(long)]
+    pub health_per_sec: Option<u64>,
+    /// --steady: the share of health results that fail (default 0.05).
+    #[arg(long)]
+    pub health_fail_share: Option<f64>,
+    /// --steady: Worker claim cycles per second (default 20).
+    #[arg(long)]
+    pub worker_cycles: Option<u64>,
+    /// --steady: seconds between runs of the scheduled job (default 60; 0: none).
+    #[arg(long)]
+    pub job_every: Option<u64>,
     /// A smoke run: N=1k, 18 combinations, no filters, counts 1,10, C 1,8,
     /// a few hundred requests per cell.
     #[arg(long)]

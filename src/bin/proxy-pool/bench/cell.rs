@@ -75,6 +75,8 @@ pub(super) struct ServerStats {
     pub fcall_calls: u64,
     /// Redis time in them, us.
     pub script_usec: u64,
+    /// Of which in `FCALL`.
+    pub fcall_usec: u64,
     cpu_seconds: f64,
 }
 
@@ -129,7 +131,13 @@ impl Bench {
                             stats.fcall_calls += calls;
                         }
                     }
-                    Some(("usec", v)) => stats.script_usec += v.parse().unwrap_or(0),
+                    Some(("usec", v)) => {
+                        let usec = v.parse().unwrap_or(0);
+                        stats.script_usec += usec;
+                        if fcall {
+                            stats.fcall_usec += usec;
+                        }
+                    }
                     _ => {}
                 }
             }

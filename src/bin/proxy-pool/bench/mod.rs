@@ -64,6 +64,7 @@ mod plan;
 mod replicas;
 mod report;
 mod stall;
+mod steady;
 mod writers;
 
 use std::io::IsTerminal;
@@ -90,7 +91,7 @@ use cell::info_field;
 pub use filters::FilterSet;
 use pinger::Pinger;
 pub use plan::parse_size;
-use plan::{Plan, ScriptCalls, StallPlan};
+use plan::{Plan, ScriptCalls, StallPlan, SteadyPlan};
 use replicas::{RelayThread, Variant, start_replicas};
 use report::{Fill, Progress, Report, human, peak_rss_kib, relate, row};
 
@@ -117,9 +118,11 @@ pub async fn command(args: BenchArgs) -> CliResult {
             }
         }
     }
+    let args_counts = args.counts.clone();
     if !args.counts.is_empty() {
         plan.counts = args.counts;
     }
+    let args_concurrency = args.concurrency.clone();
     if !args.concurrency.is_empty() {
         plan.concurrency = args.concurrency;
     }
@@ -202,6 +205,48 @@ pub async fn command(args: BenchArgs) -> CliResult {
                 .into(),
         );
     }
+    if args.steady {
+        let n = plan.sizes.first().copied().unwrap_or(1_000_000);
+        let mut steady = SteadyPlan::for_pool(n);
+        if !args.steady_rates.is_empty() {
+            steady.rates = args.steady_rates;
+        }
+        steady.step_seconds = args.step_seconds.unwrap_or(steady.step_seconds);
+        steady.quiet_seconds = args.quiet_seconds.unwrap_or(steady.quiet_seconds);
+        steady.refresh_per_sec = args.refresh_per_sec.unwrap_or(steady.refresh_per_sec);
+        steady.health_per_sec = args.health_per_sec.unwrap_or(steady.health_per_sec);
+        steady.health_fail_share = args.health_fail_share.unwrap_or(steady.health_fail_share);
+        steady.worker_cycles_per_sec = args.worker_cycles.unwrap_or(steady.worker_cycles_per_sec);
+        steady.job_every = args.job_every.unwrap_or(steady.job_every);
+        if let Some(&c) = args_concurrency.first() {
+            steady.clients = c;
+        }
+        if !args_counts.is_empty() {
+            steady.counts = args_counts;
+        }
+        if steady.rates.contains(&0)
+            || steady.step_seconds < 2
+            || steady.quiet_seconds < 2
+            || !(0.0..=1.0).contains(&steady.health_fail_share)
+            || plan.replicas > 0
+        {
+            return Err(
+                "--steady: rates > 0, --step-seconds and --quiet-seconds >= 2, --health-fail-share 0..=1, and no --replicas"
+                    .into(),
+            );
+        }
+        plan.steady = Some(steady);
+    } else if !args.steady_rates.is_empty()
+        || args.step_seconds.is_some()
+        || args.quiet_seconds.is_some()
+        || args.refresh_per_sec.is_some()
+        || args.health_per_sec.is_some()
+        || args.health_fail_share.is_some()
+        || args.worker_cycles.is_some()
+        || args.job_every.is_some()
+    {
+        return Err("--steady-rates, --step-seconds, --quiet-seconds, --refresh-per-sec, --health-per-sec, --health-fail-share, --worker-cycles and --job-every go with --steady".into());
+    }
     if plan.counts.iter().any(|c| !(1..=1000).contains(c))
         || plan.concurrency.iter().any(|c| !(1..=1024).contains(c))
         || !(plan.seconds > 0.0 && plan.baseline_seconds > 0.0)
@@ -225,6 +270,15 @@ pub async fn command(args: BenchArgs) -> CliResult {
         eprintln!("proxy-pool bench: this is a debug build; measure with --release");
     }
     let progress = Progress::new(std::io::stderr().is_terminal());
+    if plan.steady.is_some() {
+        let report = steady::run(plan, target, progress).await?;
+        if args.json {
+            say!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            say!("{}", report.table().trim_end());
+        }
+        return Ok(());
+    }
     if plan.stall.is_some() {
         let timeline = stall::run(plan, target, progress).await?;
         if args.json {

@@ -89,6 +89,8 @@ pub struct Plan {
     pub ping_every_ms: u64,
     /// The stale-backlog timeline instead of the cells.
     pub stall: Option<StallPlan>,
+    /// The steady state instead of the cells.
+    pub steady: Option<SteadyPlan>,
 }
 
 /// The stale-backlog timeline (`--stall`): a pool of N whose health
@@ -123,6 +125,58 @@ impl StallPlan {
             fresh_per_sec: 2_000,
             clients: 8,
             prune_every: 10,
+        }
+    }
+}
+
+/// The steady state (`--steady`): every writer and extraction together
+/// on a pool of N, extraction rate step by step.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SteadyPlan {
+    /// Extraction calls per second, one step each (the first also paces
+    /// the quiet phase).
+    pub rates: Vec<u64>,
+    /// Seconds each step lasts.
+    pub step_seconds: u64,
+    /// Seconds of extraction alone first (the quiet value).
+    pub quiet_seconds: u64,
+    /// Proxies the Controller refreshes per second.
+    pub refresh_per_sec: u64,
+    /// Health results per second.
+    pub health_per_sec: u64,
+    /// The share of health results that fail.
+    pub health_fail_share: f64,
+    /// Worker claim cycles (claim, drain, ack, release) per second.
+    pub worker_cycles_per_sec: u64,
+    /// Seconds between runs of the scheduled job (0: none).
+    pub job_every: u64,
+    /// Extraction clients.
+    pub clients: usize,
+    /// Proxies per request, request k asking `counts[k % len]`.
+    pub counts: Vec<u32>,
+}
+
+impl SteadyPlan {
+    /// The defaults for a pool of `n`: 30-minute lives refreshed (n /
+    /// 1,800 a second), every proxy's health within 120 s (n / 120), 5% of
+    /// results failed, 20 Worker cycles a second, the job every 60 s;
+    /// 20 s of extraction alone (the second half measured: the first lets
+    /// the pool settle after its fill), then 30 s at each of 1,000 to
+    /// 8,000 extractions a second, 16 clients, 7 in 10 requests count=1,
+    /// the others count=10.
+    pub fn for_pool(n: usize) -> Self {
+        Self {
+            rates: vec![1_000, 2_000, 4_000, 6_000, 8_000],
+            step_seconds: 30,
+            quiet_seconds: 20,
+            refresh_per_sec: (n as u64 / 1_800).max(1),
+            health_per_sec: (n as u64 / 120).max(1),
+            health_fail_share: 0.05,
+            worker_cycles_per_sec: 20,
+            job_every: 60,
+            clients: 16,
+            counts: vec![1, 1, 1, 1, 1, 1, 1, 10, 10, 10],
         }
     }
 }
@@ -168,6 +222,7 @@ impl Plan {
             client_rate: None,
             ping_every_ms: 1,
             stall: None,
+            steady: None,
         }
     }
 
