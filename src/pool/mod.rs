@@ -35,7 +35,7 @@ mod usage;
 
 pub use clients::{MAX_CLIENT_BATCH, MAX_CLIENT_CREDENTIALS, PutMode, PutOutcome, StoredClient};
 pub use connection::{PoolConnection, RedisOptions};
-pub use contract::{ContractOp, ContractReply, MAX_CONTRACT_BATCH, Verdict};
+pub use contract::{CONTRACT_BATCH, ContractOp, ContractReply, MAX_CONTRACT_BATCH, Verdict};
 pub use error::{Outage, OutageClass, PoolError};
 pub use maintenance::{BucketInventory, EXPIRING_WITHIN, Inventory, MAX_PRUNE_BATCH, PruneReport};
 pub use new_proxy::{LineError, NewProxy, UpsertStatus};

@@ -8,7 +8,7 @@ use std::io::{BufRead, IsTerminal};
 use std::time::Duration;
 
 use proxy_pool::clock::parse_rfc3339;
-use proxy_pool::pool::{ContractOp, MAX_CONTRACT_BATCH, RedisPool, Verdict};
+use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, RedisPool, Verdict};
 use serde::Deserialize;
 
 use crate::cli::{AckArgs, ClaimArgs, HealthArgs, HolderArgs, TargetArgs};
@@ -115,14 +115,14 @@ struct HealthLine {
 
 /// `health -`: one result per line (`{"id":…,"ok":…,"checkedAt":…}`,
 /// `checkedAt` RFC 3339, default the Redis clock), recorded
-/// [`MAX_CONTRACT_BATCH`] per call; a progress line on a terminal; then
+/// [`CONTRACT_BATCH`] per call; a progress line on a terminal; then
 /// how many were recorded and how many refused, by reason. A line that is
 /// not a result is reported by number, never by contents.
 async fn health_lines(args: HealthArgs) -> CliResult {
     let (_, pool) = operator_pool(&args.target.pool)?;
     let progress = std::io::stderr().is_terminal();
     let mut tally = Verdicts::default();
-    let mut batch = Vec::with_capacity(MAX_CONTRACT_BATCH);
+    let mut batch = Vec::with_capacity(CONTRACT_BATCH);
     for (i, line) in std::io::stdin().lock().lines().enumerate() {
         let number = i + 1;
         let line = line.map_err(|e| format!("line {number}: {e}"))?;
@@ -149,7 +149,7 @@ async fn health_lines(args: HealthArgs) -> CliResult {
                 tally.rejected += 1;
             }
         }
-        if batch.len() == MAX_CONTRACT_BATCH {
+        if batch.len() == CONTRACT_BATCH {
             tally.record(&pool, &mut batch).await?;
             if progress {
                 eprint!("\r{number} lines read");

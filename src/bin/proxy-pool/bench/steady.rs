@@ -7,7 +7,7 @@
 //!   second: 30-minute lives), adding a fresh proxy for each one it may
 //!   not refresh (handed out, or over);
 //! * the health checker recording every proxy's result within 120 s (N /
-//!   120 a second, 500 a call as `proxy-pool health -` sends them), a share
+//!   120 a second, 64 a call as `proxy-pool health -` sends them), a share
 //!   of them failed, so entries leave the index and come back;
 //! * Gateway Workers claiming, draining, acknowledging and releasing;
 //! * the scheduled invocation ([`scheduled::run`]: prune, inventory) every
@@ -41,7 +41,7 @@ use lambda_http::http::Request;
 use proxy_pool::clock::now_ms;
 use proxy_pool::distribution::EXTRACT_PATH;
 use proxy_pool::local::{PoolShape, RedisServer, synthetic_proxy};
-use proxy_pool::pool::{ContractOp, MAX_CONTRACT_BATCH, RedisOptions, RedisPool, Verdict, keys};
+use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, RedisOptions, RedisPool, Verdict, keys};
 use proxy_pool::scheduled;
 use proxy_pool::security::PeerAddr;
 use serde::Serialize;
@@ -133,8 +133,11 @@ pub struct SteadySecond {
     pub worker_ops: u64,
     /// Spent index entries not yet pruned (`ZCOUNT due -inf now`).
     pub backlog: u64,
-    /// Redis `used_memory`, bytes (read with `SLOWLOG` just emptied).
+    /// Redis `used_memory`, bytes.
     pub memory: u64,
+    /// Records, live and tombstones (`HLEN rec`): a proxy handed out stays
+    /// a tombstone until its expiry, so memory follows them.
+    pub records: u64,
     /// The bystander's `PING`, 99th percentile and slowest, us.
     pub ping_p99_us: u64,
     /// Slowest.
@@ -178,6 +181,8 @@ pub struct Step {
     pub backlog: u64,
     /// `used_memory` at its end, bytes.
     pub memory: u64,
+    /// Records (live and tombstones) at its end.
+    pub records: u64,
 }
 
 /// One run of the scheduled job.
@@ -380,15 +385,15 @@ pub async fn run(
     pinger.record(true);
     let mut seconds = Vec::new();
     let mut before = (0, 0, 0, 0);
-    let mut usec_before = sample_redis(&bench).await?.0;
+    let mut usec_before = sample_redis(&bench).await?.usec;
     for t in 0..total {
         sleep_until_ms(start_ms + (t as i64 + 1) * 1000).await;
-        let (usec, memory, backlog) = sample_redis(&bench).await?;
+        let sample = sample_redis(&bench).await?;
         let shares = Shares {
-            extract: usec.0.saturating_sub(usec_before.0) as f64 / 1e6,
-            writers: usec.1.saturating_sub(usec_before.1) as f64 / 1e6,
+            extract: sample.usec.0.saturating_sub(usec_before.0) as f64 / 1e6,
+            writers: sample.usec.1.saturating_sub(usec_before.1) as f64 / 1e6,
         };
-        usec_before = usec;
+        usec_before = sample.usec;
         let pings = pinger.take();
         let now = (
             done.refreshed.load(Ordering::Relaxed),
@@ -404,8 +409,9 @@ pub async fn run(
             health: now.1 - before.1,
             worker_ops: now.2 - before.2,
             added: now.3 - before.3,
-            backlog,
-            memory,
+            backlog: sample.backlog,
+            memory: sample.memory,
+            records: sample.records,
             ping_p99_us: pings.p99_us,
             ping_max_us: pings.max_us,
             ..SteadySecond::default()
@@ -472,29 +478,41 @@ pub async fn run(
     Ok(report)
 }
 
-/// Redis's script time so far (`FCALL`, `EVALSHA`, us), `used_memory`,
-/// and the backlog of spent entries.
-async fn sample_redis(bench: &Bench) -> Result<((u64, u64), u64, u64), BenchError> {
+/// What one second's sample reads of Redis.
+struct RedisSample {
+    /// Script time so far, us: `FCALL` (extraction), `EVALSHA` (writers).
+    usec: (u64, u64),
+    memory: u64,
+    backlog: u64,
+    records: u64,
+}
+
+/// Redis's script time so far, `used_memory`, the backlog of spent
+/// entries and the records (live and tombstones).
+async fn sample_redis(bench: &Bench) -> Result<RedisSample, BenchError> {
     let stats = bench.server_stats().await?;
     let mut conn = bench.conn.clone();
     let memory: String = redis::cmd("INFO")
         .arg("memory")
         .query_async(&mut conn)
         .await?;
-    let backlog: u64 = redis::cmd("ZCOUNT")
+    let (backlog, records): (u64, u64) = redis::pipe()
+        .cmd("ZCOUNT")
         .arg(keys::DUE)
         .arg("-inf")
         .arg(now_ms())
+        .cmd("HLEN")
+        .arg(keys::RECORDS)
         .query_async(&mut conn)
         .await?;
-    let memory = info_field(&memory, "used_memory")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    Ok((
-        (stats.fcall_usec, stats.script_usec - stats.fcall_usec),
-        memory,
+    Ok(RedisSample {
+        usec: (stats.fcall_usec, stats.script_usec - stats.fcall_usec),
+        memory: info_field(&memory, "used_memory")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
         backlog,
-    ))
+        records,
+    })
 }
 
 /// The extraction clients: `clients` tasks sharing one schedule, paced at
@@ -665,7 +683,7 @@ async fn controller(
 }
 
 /// The health checker: a result for every proxy in id order, `fail` of
-/// them failed (a different share of ids each pass), 500 a call.
+/// them failed (a different share of ids each pass), 64 a call.
 async fn health_checker(
     pool: RedisPool,
     ids: std::ops::Range<u64>,
@@ -694,7 +712,7 @@ async fn health_checker(
             .collect();
         pass += (cursor + due as u64) / size;
         cursor = (cursor + due as u64) % size;
-        for batch in ops.chunks(MAX_CONTRACT_BATCH) {
+        for batch in ops.chunks(CONTRACT_BATCH) {
             pool.apply_batch(batch).await?;
             done.health.fetch_add(batch.len() as u64, Ordering::Relaxed);
         }
@@ -854,6 +872,7 @@ fn summarise(steady: &SteadyPlan, seconds: &[SteadySecond], latencies: &[Vec<u64
             ping_p99_us: secs.iter().map(|s| s.ping_p99_us).max().unwrap_or(0),
             backlog: secs.last().map_or(0, |s| s.backlog),
             memory: secs.last().map_or(0, |s| s.memory),
+            records: secs.last().map_or(0, |s| s.records),
         });
     }
     steps
@@ -873,7 +892,7 @@ impl SteadyReport {
         };
         let _ = writeln!(
             out,
-            "proxy-pool bench --steady: redis {}, N={} ({}) filled in {:.1} s; writers: Controller {} refreshes/s, health checker {} results/s ({}% failed, 500 a call), Workers {} claim cycles/s, the scheduled job every {} s; {} extraction clients (counts {:?} in turn; filters none, seed example, region, region+carrier in turn); another client PINGs every {} ms",
+            "proxy-pool bench --steady: redis {}, N={} ({}) filled in {:.1} s; writers: Controller {} refreshes/s, health checker {} results/s ({}% failed, 64 a call), Workers {} claim cycles/s, the scheduled job every {} s; {} extraction clients (counts {:?} in turn; filters none, seed example, region, region+carrier in turn); another client PINGs every {} ms",
             self.redis_version,
             human(self.pool),
             self.shape,
@@ -889,12 +908,12 @@ impl SteadyReport {
         );
         let _ = writeln!(
             out,
-            "   rate  writers  achieved  proxies/s   p50 us   p99 us  extract  writers  refresh/s  added/s  health/s  worker ops/s  kept up  ping p99 us   backlog  memory MB  statuses"
+            "   rate  writers  achieved  proxies/s   p50 us   p99 us  extract  writers  refresh/s  added/s  health/s  worker ops/s  kept up  ping p99 us   backlog  memory MB   records  B/record  statuses"
         );
         for s in &self.steps {
             let _ = writeln!(
                 out,
-                "{:>7} {:>8} {:>9.0} {:>10.0} {:>8} {:>8} {:>8} {:>8} {:>10.0} {:>8.0} {:>9.0} {:>13.0} {:>8} {:>12} {:>9} {:>10.1}  {}",
+                "{:>7} {:>8} {:>9.0} {:>10.0} {:>8} {:>8} {:>8} {:>8} {:>10.0} {:>8.0} {:>9.0} {:>13.0} {:>8} {:>12} {:>9} {:>10.1} {:>9} {:>9.0}  {}",
                 s.rate,
                 if s.writers { "on" } else { "off" },
                 s.achieved,
@@ -911,6 +930,8 @@ impl SteadyReport {
                 s.ping_p99_us,
                 s.backlog,
                 s.memory as f64 / 1e6,
+                s.records,
+                s.memory as f64 / s.records.max(1) as f64,
                 status_mix(&s.statuses)
             );
         }
@@ -959,7 +980,7 @@ impl SteadyReport {
         }
         let _ = writeln!(
             out,
-            "extract, writers = Redis time over wall time (INFO commandstats: the handlers' FCALL, the writers' EVALSHA); writers = Controller + health checker + Workers + scheduled job; kept up = every writer reached 95% of its rate (the Controller's additions 95% of the proxies handed out); backlog = spent index entries not yet pruned; memory = used_memory. Each step's first second is left out of its summary, the quiet phase's first half (the pool settling after its fill)."
+            "extract, writers = Redis time over wall time (INFO commandstats: the handlers' FCALL, the writers' EVALSHA); writers = Controller + health checker + Workers + scheduled job; kept up = every writer reached 95% of its rate (the Controller's additions 95% of the proxies handed out); backlog = spent index entries not yet pruned; memory = used_memory; records = live records and tombstones (a proxy handed out stays a tombstone until its expiry, so memory follows records, not time). Each step's first second is left out of its summary, the quiet phase's first half (the pool settling after its fill)."
         );
         out
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use proxy_pool::clock::now_ms;
 use proxy_pool::local::synthetic_proxy;
-use proxy_pool::pool::{ContractOp, MAX_CONTRACT_BATCH, NewProxy};
+use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, NewProxy};
 use serde::Serialize;
 
 use super::{Bench, BenchError};
@@ -25,11 +25,11 @@ pub(super) const HEALTH_AGE: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Writers {
-    /// The fill (`lua/upsert.lua` of new proxies, batches of 128).
+    /// The fill (`lua/upsert.lua` of new proxies, 32 a call).
     pub fill_us: f64,
     /// A refresh (the same ids again, a new expiry).
     pub refresh_us: f64,
-    /// A health result in a batch of [`MAX_CONTRACT_BATCH`].
+    /// A health result in a batch of [`CONTRACT_BATCH`].
     pub health_batched_us: f64,
     /// A health result alone in its call.
     pub health_single_us: f64,
@@ -80,7 +80,7 @@ impl Bench {
         let results: Vec<ContractOp> = (first..first + sample).map(health).collect();
         let health_batched_us = self
             .per_item(sample, async {
-                for batch in results.chunks(MAX_CONTRACT_BATCH) {
+                for batch in results.chunks(CONTRACT_BATCH) {
                     self.pool.apply_batch(batch).await?;
                 }
                 Ok(())
