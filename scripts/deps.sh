@@ -2,6 +2,9 @@
 # Installs what running or testing needs on a fresh Debian/Ubuntu machine
 # that has only the Rust toolchain. Idempotent: skips what is already there.
 #   bash scripts/deps.sh          redis-server (enough for `serve`)
+#   bash scripts/deps.sh quick    also redis-py, pinned, into .venv/ (the
+#                                 quick tier's Python client of the pool
+#                                 contract, tests/python/)
 #   bash scripts/deps.sh test     also PostgreSQL (the aggregates tests run their
 #                                 own servers with its initdb and postgres),
 #                                 the Python tools the tests use, into .venv/,
@@ -37,7 +40,40 @@ if ! command -v redis-server >/dev/null; then
   as_root service redis-server stop >/dev/null 2>&1 || true
 fi
 
-[ "${1:-}" = test ] || exit 0
+case "${1:-}" in
+  quick | test) ;;
+  *) exit 0 ;;
+esac
+
+# The project-local virtualenv the Python tools go into (scripts/test.sh
+# puts its bin/ first on PATH; Debian's python3 refuses system-wide pip
+# installs).
+make_venv() {
+  [ -x .venv/bin/pip ] && return
+  command -v python3 >/dev/null || apt_install python3 python3-venv
+  if ! python3 -m venv .venv >/dev/null 2>&1; then
+    # Debian ships venv's pip bootstrap separately.
+    apt_install python3-venv
+    rm -rf .venv
+    python3 -m venv .venv
+  fi
+}
+
+# redis-py, pinned: the Python client that calls the pool contract through
+# the public function library (tests/python/contract_client.py, run by
+# tests/contract_python.rs in both tiers).
+redis_py='redis==8.1.0'
+has_redis_py() {
+  .venv/bin/python -c "import redis, sys; sys.exit(redis.__version__ != '${redis_py#*==}')" 2>/dev/null
+}
+if [ "$1" = quick ]; then
+  if ! has_redis_py; then
+    make_venv
+    echo "installing $redis_py into .venv (pip)" >&2
+    .venv/bin/pip install --quiet --disable-pip-version-check "$redis_py"
+  fi
+  exit 0
+fi
 
 command -v redis-cli >/dev/null || apt_install redis-tools
 # The TLS tests make a throw-away CA and server certificate with openssl.
@@ -51,21 +87,14 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
   as_root service postgresql stop >/dev/null 2>&1 || true
 fi
 
-# Python tools for the tests, pinned, in a project-local virtualenv whose
-# bin/ scripts/test.sh puts first on PATH (Debian's python3 refuses
-# system-wide pip installs): moto's server (Secrets Manager emulator),
-# cfn-lint (template.yaml), cargo-lambda (Lambda runtime API emulator) and
-# schemathesis (contract testing of `proxy-pool serve` against the OpenAPI).
-tools=('moto[server]==5.2.1' 'cfn-lint==1.51.0' 'cargo-lambda==1.9.2' 'schemathesis==4.32.5')
+# Python tools for the tests, pinned, in .venv: moto's server (Secrets
+# Manager emulator), cfn-lint (template.yaml), cargo-lambda (Lambda runtime
+# API emulator), schemathesis (contract testing of `proxy-pool serve`
+# against the OpenAPI) and redis-py (above).
+tools=('moto[server]==5.2.1' 'cfn-lint==1.51.0' 'cargo-lambda==1.9.2' 'schemathesis==4.32.5' "$redis_py")
 if [ ! -x .venv/bin/moto_server ] || [ ! -x .venv/bin/cfn-lint ] || [ ! -x .venv/bin/cargo-lambda ] \
-  || [ ! -x .venv/bin/schemathesis ]; then
-  command -v python3 >/dev/null || apt_install python3 python3-venv
-  if ! python3 -m venv .venv >/dev/null 2>&1; then
-    # Debian ships venv's pip bootstrap separately.
-    apt_install python3-venv
-    rm -rf .venv
-    python3 -m venv .venv
-  fi
+  || [ ! -x .venv/bin/schemathesis ] || ! has_redis_py; then
+  make_venv
   echo "installing ${tools[*]} into .venv (pip)" >&2
   .venv/bin/pip install --quiet --disable-pip-version-check "${tools[@]}"
 fi

@@ -17,9 +17,10 @@
 #   bash scripts/test.sh quick   the inner loop: formatting, lints, the unit
 #                                tests and the core integration tests
 #                                (extraction, HTTP, admission, pool contract,
-#                                model, shapes at a small N, docs, architecture)
-#                                against a private redis-server. No end-to-end
-#                                run, no cluster, no PostgreSQL, no SAM build.
+#                                its Python client, model, shapes at a small N,
+#                                docs, architecture) against a private
+#                                redis-server. No end-to-end run, no cluster,
+#                                no PostgreSQL, no SAM build.
 #
 # Both print each stage's wall time at the end, also when a stage fails.
 set -euo pipefail
@@ -59,7 +60,7 @@ stage() {
 }
 
 if [ "$tier" = quick ]; then
-  stage "deps (redis-server)" bash scripts/deps.sh
+  stage "deps (redis-server, redis-py)" bash scripts/deps.sh quick
   stage "cargo fmt --check" cargo fmt --all -- --check
   stage "cargo clippy" cargo clippy --all-targets --locked -- -D warnings
   stage "unit tests (lib, bins)" cargo test --locked --lib --bins
@@ -67,7 +68,7 @@ if [ "$tier" = quick ]; then
   # case counts; MODEL_CASES and PROXY_POOL_SHAPES_POOL set by the caller win).
   stage "core integration tests" cargo test --locked \
     --test architecture --test docs --test extract --test http_api \
-    --test admission --test contract --test model --test shapes
+    --test admission --test contract --test contract_python --test model --test shapes
   exit 0
 fi
 

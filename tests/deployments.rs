@@ -489,9 +489,10 @@ fn calls_of(calls: &std::collections::BTreeMap<String, u64>, command: &str) -> u
 }
 
 /// The scripts run as Redis Functions: the library is loaded once (by the
-/// first script call, never by readiness), every later script call is one
-/// `FCALL` (none by `EVALSHA`), and after a `FUNCTION FLUSH` the next call
-/// finds no function, loads the library again and is answered.
+/// first script call, never by readiness; with it the public contract
+/// library, a second load), every later script call is one `FCALL` (none
+/// by `EVALSHA`), and after a `FUNCTION FLUSH` the next call finds no
+/// function, loads both libraries again and is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_function_library_is_loaded_once() {
     let server = RedisServer::start()
@@ -520,13 +521,24 @@ async fn the_function_library_is_loaded_once() {
     }
     assert!(pool.uses_functions());
     let calls = calls_on(&server.url()).await;
-    assert_eq!(calls_of(&calls, "function|load"), 1, "{calls:?}");
+    assert_eq!(calls_of(&calls, "function|load"), 2, "{calls:?}");
+    let listed: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(proxy_pool::pool::contract_library())
+        .query_async(&mut connect(&server.url()).await)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&listed, redis::Value::Array(l) if l.len() == 1),
+        "{listed:?}"
+    );
 
     info(&mut connect(&server.url()).await, &["FUNCTION", "FLUSH"]).await;
     let r = extract_as(&app, r#"{"count":1}"#, &[], me).await;
     assert_eq!(r.ids(), ["fn-0010"], "{}", r.body);
     let calls = calls_on(&server.url()).await;
-    assert_eq!(calls_of(&calls, "function|load"), 2, "{calls:?}");
+    assert_eq!(calls_of(&calls, "function|load"), 4, "{calls:?}");
     assert!(pool.uses_functions());
 }
 
@@ -695,9 +707,10 @@ async fn functions_follow_a_cluster_failover() {
     let r = extract_as(&app, r#"{"count":2}"#, &[], me).await;
     assert_eq!(r.ids(), ["fo-0004", "fo-0005"], "{}", r.body);
     let calls = calls_on(&replica.url()).await;
+    // The private library, then the public one.
     assert_eq!(
         calls_of(&calls, "function|load"),
-        loads_before + 1,
+        loads_before + 2,
         "{calls:?}"
     );
     assert!(pool.uses_functions());
@@ -728,7 +741,8 @@ async fn a_master_down_elsewhere_does_not_stop_the_library_load() {
     let r = extract_as(&app, r#"{"count":2}"#, &[], "127.0.0.1:1").await;
     assert_eq!(r.ids(), ["md-0000", "md-0001"], "{}", r.body);
     let calls = calls_on(&owner_url).await;
-    assert_eq!(calls_of(&calls, "function|load"), loads + 1, "{calls:?}");
+    // The private library, then the public one.
+    assert_eq!(calls_of(&calls, "function|load"), loads + 2, "{calls:?}");
     assert!(pool.uses_functions());
 }
 

@@ -1,5 +1,7 @@
 //! The Redis TTL activity pool: the key layout (`keys`), the Lua scripts
-//! (`scripts`, sources in `lua/`), the connection (single server or Redis
+//! (`scripts`, sources in `lua/`; the writer-facing ones also registered
+//! as the public library `proxy_pool_v<CONTRACT_VERSION>` that programs in
+//! other languages call), the connection (single server or Redis
 //! Cluster, `connection`; with replica acknowledgement, the group commit of
 //! scripts and their `WAIT`, `acknowledger`), the adapter that runs them
 //! (`redis_pool`) and the
@@ -47,5 +49,5 @@ pub use query::{
 pub use redis_pool::{
     Admission, CREDENTIAL_REREAD_EVERY, CredentialSource, Limit, LimitState, RedisPool,
 };
-pub use scripts::extract_names;
+pub use scripts::{CONTRACT_VERSION, contract_functions, contract_library, extract_names};
 pub use usage::{CallCounter, HourUsage, ProxyCounter, UsageBacklog, UsageOutcome};

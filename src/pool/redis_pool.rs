@@ -260,26 +260,25 @@ impl RedisPool {
         .await
     }
 
-    /// Makes sure the server has `scripts`: the function library (loaded
-    /// when `FUNCTION LIST` lacks it), or, once Redis refused Functions or
-    /// when the library could not be loaded, each script (`SCRIPT LOAD`).
-    /// A node `FUNCTION LIST` did not ask (in a Cluster it goes to any
-    /// node) is covered by the load on `Function not found` ([`Self::run`]).
+    /// Makes sure the server has `scripts`: the function libraries (each
+    /// loaded when `FUNCTION LIST` lacks it: the private one, then the
+    /// public one, whose failure is only logged), or, once Redis refused
+    /// Functions or when the private library could not be loaded, each
+    /// script (`SCRIPT LOAD`). A node `FUNCTION LIST` did not ask (in a
+    /// Cluster it goes to any node) is covered by the load on `Function
+    /// not found` ([`Self::run`]).
     pub(super) async fn load_scripts(
         &self,
         conn: &mut impl ScriptConnection,
         scripts: &[&scripts::LuaScript],
     ) -> Result<(), PoolError> {
         if self.uses_functions() {
-            let listed: Result<redis::Value, _> = redis::cmd("FUNCTION")
-                .arg("LIST")
-                .arg("LIBRARYNAME")
-                .arg(&scripts::LIBRARY.name)
-                .query_async(conn)
-                .await;
-            let loaded = match listed {
-                Ok(redis::Value::Array(libraries)) if !libraries.is_empty() => Ok(()),
-                Ok(_) => load_library(conn).await,
+            let loaded = match library_listed(conn, &scripts::LIBRARY).await {
+                Ok(true) => {
+                    load_public_library_if_missing(conn).await;
+                    Ok(())
+                }
+                Ok(false) => load_library(conn).await,
                 Err(e) => Err(e),
             };
             match loaded {
@@ -292,6 +291,32 @@ impl RedisPool {
             script.load_async(conn).await?;
         }
         Ok(())
+    }
+
+    /// Loads both function libraries on the server holding the pool
+    /// (`FUNCTION LOAD REPLACE`): this build's private one, then the public
+    /// contract library ([`scripts::contract_library`]), so that a program
+    /// in another language can call the contract before any deployment
+    /// has run a script there (`proxy-pool functions`). Unlike the load a
+    /// script call makes, a failure of either is an error, a refusal of
+    /// Functions included (other programs have no `EVALSHA` twin to fall
+    /// back on).
+    pub async fn load_function_libraries(&self) -> Result<(), PoolError> {
+        let mut conn = self.link().conn;
+        self.bounded(async {
+            ping(&mut conn).await?;
+            for library in [&*scripts::LIBRARY, &*scripts::PUBLIC_LIBRARY] {
+                load(&mut conn, library).await.map_err(|e| match e.code() {
+                    Some("ERR") if functions_refused(&e) => PoolError::Internal(
+                        "this Redis does not run Functions (FUNCTION unknown or renamed away)"
+                            .into(),
+                    ),
+                    _ => PoolError::from(e),
+                })?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Refuses a pool that records another layout or policy than this
@@ -610,9 +635,10 @@ impl RedisPool {
     /// Sends `inv` once: an `FCALL`, or its `EVALSHA` twin once Redis has
     /// refused Functions. A function not found (a new server, a `FUNCTION
     /// FLUSH`, a Cluster node that never saw the library) is handled like
-    /// `NOSCRIPT`: the library is loaded and the call sent again (it did
-    /// not run). A refused load turns this adapter to `EVALSHA` for good;
-    /// a load that failed otherwise runs this one call by `EVALSHA`.
+    /// `NOSCRIPT`: the libraries are loaded (the private one, then the
+    /// public one) and the call sent again (it did not run). A refused
+    /// load turns this adapter to `EVALSHA` for good; a load that failed
+    /// otherwise runs this one call by `EVALSHA`.
     async fn run<T: FromRedisValue>(
         &self,
         conn: &mut impl ScriptConnection,
@@ -756,9 +782,51 @@ async fn ping(conn: &mut (impl ConnectionLike + Send)) -> Result<(), PoolError> 
     Ok(())
 }
 
-/// Loads the function library on the server holding the pool.
+/// Loads the function libraries on the server holding the pool: the
+/// private one (its failure is the caller's), then the public one, whose
+/// failure is logged and goes no further: the public library serves other
+/// programs, never this one's calls.
 async fn load_library(conn: &mut impl ScriptConnection) -> Result<(), RedisError> {
-    let reply = conn.send_to_pool_node(&scripts::LIBRARY.load_cmd()).await?;
+    load(conn, &scripts::LIBRARY).await?;
+    if let Err(e) = load(conn, &scripts::PUBLIC_LIBRARY).await {
+        public_library_not_loaded(&e);
+    }
+    Ok(())
+}
+
+/// Loads the public library where `FUNCTION LIST` lacks it; a failure is
+/// logged only (see [`load_library`]).
+async fn load_public_library_if_missing(conn: &mut impl ScriptConnection) {
+    let loaded = match library_listed(conn, &scripts::PUBLIC_LIBRARY).await {
+        Ok(true) => Ok(()),
+        Ok(false) => load(conn, &scripts::PUBLIC_LIBRARY).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = loaded {
+        public_library_not_loaded(&e);
+    }
+}
+
+/// Whether `FUNCTION LIST` shows `library`.
+async fn library_listed(
+    conn: &mut impl ScriptConnection,
+    library: &scripts::Library,
+) -> Result<bool, RedisError> {
+    let listed: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(&library.name)
+        .query_async(conn)
+        .await?;
+    Ok(matches!(listed, redis::Value::Array(libraries) if !libraries.is_empty()))
+}
+
+/// `FUNCTION LOAD REPLACE` of `library` on the server holding the pool.
+async fn load(
+    conn: &mut impl ScriptConnection,
+    library: &scripts::Library,
+) -> Result<(), RedisError> {
+    let reply = conn.send_to_pool_node(&library.load_cmd()).await?;
     reply.extract_error().map(drop)
 }
 
@@ -770,6 +838,18 @@ fn library_not_loaded(e: &RedisError) {
         kind = ?e.kind(),
         library = scripts::LIBRARY.name.as_str(),
         "the function library could not be loaded: running the script by EVALSHA"
+    );
+}
+
+/// The public library could not be loaded: logged (the code and kind of
+/// the error, never its text, which may quote what was sent), and this
+/// deployment goes on with its private library.
+fn public_library_not_loaded(e: &RedisError) {
+    tracing::warn!(
+        code = e.code().unwrap_or(""),
+        kind = ?e.kind(),
+        library = scripts::PUBLIC_LIBRARY.name.as_str(),
+        "the public contract library could not be loaded: other programs cannot call it yet"
     );
 }
 

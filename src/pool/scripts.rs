@@ -12,6 +12,14 @@
 //!
 //! The library's name carries a hash of its code, so deployments of two
 //! versions sharing one Redis each call their own functions.
+//!
+//! A second, public library ([`PUBLIC_LIBRARY`], `proxy_pool_v<N>`, N
+//! [`CONTRACT_VERSION`]) registers the writer-facing pool scripts (upsert,
+//! contract, prune, inventory) under a stable name, for the programs in
+//! other languages that call the contract (the health checker, the
+//! Controller; docs/pool-contract.md). It is built by the same code from
+//! the same sources, and loaded after the private one. Extraction stays
+//! private: it is the HTTP API's job, and its arguments are internal.
 
 use std::sync::LazyLock;
 
@@ -125,19 +133,45 @@ impl Source {
     }
 }
 
-/// The function library: its name and its code.
+/// The version of the public contract library, in its name
+/// (`proxy_pool_v<N>`) and its functions' (`proxy_pool_v<N>_contract`).
+/// It must change whenever a public function's KEYS, ARGV, reply or errors
+/// change, or the pool layout ([`keys::LAYOUT`]) does: a caller written
+/// for one version then finds no function rather than one that misreads
+/// its arguments. Two builds with the same version may replace each
+/// other's public library (`FUNCTION LOAD REPLACE`); that is harmless by
+/// this rule, since they answer every call the same way.
+pub const CONTRACT_VERSION: u32 = 1;
+
+/// The scripts the public library registers (the pool's writer-facing
+/// operations; extraction is the HTTP API's, its arguments internal).
+const PUBLIC_SCRIPTS: [&str; 4] = ["upsert", "contract", "prune", "inventory"];
+
+/// How a library is named.
+enum LibraryName {
+    /// `proxy_pool_<12 hex digits of its code's hash>`: one build's own.
+    Hashed,
+    /// The same for every build that registers this code's contract.
+    Fixed(String),
+}
+
+/// A function library: its name, its code and its functions.
 pub(super) struct Library {
-    /// `proxy_pool_<12 hex digits of its code's hash>`.
+    /// `proxy_pool_<12 hex digits>` or `proxy_pool_v<N>`.
     pub(super) name: String,
     /// The code `FUNCTION LOAD` takes.
     pub(super) code: String,
+    /// The functions it registers, `<name>_<script>`, in source order.
+    functions: Vec<String>,
 }
 
 impl Library {
-    fn build() -> Self {
+    /// The prelude at the top level, then `sources`, each registered as
+    /// `<name>_<script>` with its shebang's flags.
+    fn build(name: LibraryName, sources: &[&Source]) -> Self {
         let mut body = prelude();
         body.push_str("\nlocal MAIN = {}\n");
-        for source in &SOURCES {
+        for source in sources {
             let (_, code) = source.split();
             let name = source.name;
             if source.pool {
@@ -149,24 +183,38 @@ impl Library {
                 ));
             }
         }
-        // The name follows the code (flags included), so it is hashed
-        // before it is named.
-        let flags: String = SOURCES.iter().map(Source::flags).collect();
-        let hash = Script::new(&format!("{body}{flags}")).get_hash().to_owned();
-        let name = format!("proxy_pool_{}", &hash[..12]);
+        let name = match name {
+            // The name follows the code (flags included), so it is hashed
+            // before it is named.
+            LibraryName::Hashed => {
+                let flags: String = sources.iter().map(|s| s.flags()).collect();
+                let hash = Script::new(&format!("{body}{flags}")).get_hash().to_owned();
+                format!("proxy_pool_{}", &hash[..12])
+            }
+            LibraryName::Fixed(name) => name,
+        };
         let mut code = format!("#!lua name={name}\n{body}");
-        for source in &SOURCES {
+        let mut functions = Vec::with_capacity(sources.len());
+        for source in sources {
+            let function = format!("{name}_{}", source.name);
             code.push_str(&format!(
-                "redis.register_function{{function_name = '{name}_{0}', callback = MAIN.{0}, flags = {1}}}\n",
+                "redis.register_function{{function_name = '{function}', callback = MAIN.{}, flags = {}}}\n",
                 source.name,
                 source.flags()
             ));
+            functions.push(function);
         }
-        Self { name, code }
+        Self {
+            name,
+            code,
+            functions,
+        }
     }
 
     /// The `FUNCTION LOAD REPLACE` of this library (REPLACE: a library of
-    /// this name has this very code, so a concurrent load is harmless).
+    /// this name has this very code, or, for the public library, code that
+    /// answers the same contract version; so a concurrent load is
+    /// harmless).
     pub(super) fn load_cmd(&self) -> Cmd {
         let mut cmd = redis::cmd("FUNCTION");
         cmd.arg("LOAD").arg("REPLACE").arg(&self.code);
@@ -174,8 +222,39 @@ impl Library {
     }
 }
 
-/// The library every script is a function of.
-pub(super) static LIBRARY: LazyLock<Library> = LazyLock::new(Library::build);
+/// The library every script is a function of, private to this build.
+pub(super) static LIBRARY: LazyLock<Library> =
+    LazyLock::new(|| Library::build(LibraryName::Hashed, &SOURCES.iter().collect::<Vec<_>>()));
+
+/// The public library, `proxy_pool_v<CONTRACT_VERSION>`: the prelude and
+/// the writer-facing pool scripts, for programs in other languages.
+pub(super) static PUBLIC_LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    let sources: Vec<&Source> = PUBLIC_SCRIPTS.iter().map(|name| source(name)).collect();
+    Library::build(
+        LibraryName::Fixed(format!("proxy_pool_v{CONTRACT_VERSION}")),
+        &sources,
+    )
+});
+
+/// The public contract library's name, `proxy_pool_v<CONTRACT_VERSION>`.
+pub fn contract_library() -> &'static str {
+    &PUBLIC_LIBRARY.name
+}
+
+/// The functions the public contract library registers
+/// (`proxy_pool_v<CONTRACT_VERSION>_<script>`), in order: upsert, contract,
+/// prune, inventory.
+pub fn contract_functions() -> &'static [String] {
+    &PUBLIC_LIBRARY.functions
+}
+
+/// The source of the script `name` (a name of [`SOURCES`]).
+fn source(name: &str) -> &'static Source {
+    SOURCES
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no script named {name}"))
+}
 
 /// One script: its function in [`LIBRARY`] and its `EVALSHA` twin.
 pub(super) struct LuaScript {
@@ -185,10 +264,7 @@ pub(super) struct LuaScript {
 
 impl LuaScript {
     fn named(name: &str) -> Self {
-        let source = SOURCES
-            .iter()
-            .find(|s| s.name == name)
-            .unwrap_or_else(|| panic!("no script named {name}"));
+        let source = source(name);
         Self {
             function: format!("{}_{name}", LIBRARY.name),
             eval: Script::new(&source.eval_code()),
@@ -343,5 +419,41 @@ mod tests {
             lib.code
                 .contains("_extract', callback = MAIN.extract, flags = {}")
         );
+    }
+
+    /// The public library is named by the contract version alone and
+    /// registers the four writer-facing scripts once each (inventory still
+    /// `no-writes`), over the same prelude; extraction stays private.
+    #[test]
+    fn public_library_registers_the_contract() {
+        let lib = &*PUBLIC_LIBRARY;
+        // Version 1 is what docs/pool-contract.md documents: a new version
+        // changes both.
+        assert_eq!(contract_library(), "proxy_pool_v1");
+        assert!(lib.code.starts_with("#!lua name=proxy_pool_v1\n"));
+        assert_eq!(
+            contract_functions(),
+            [
+                "proxy_pool_v1_upsert",
+                "proxy_pool_v1_contract",
+                "proxy_pool_v1_prune",
+                "proxy_pool_v1_inventory"
+            ]
+        );
+        for function in contract_functions() {
+            let line = format!("function_name = '{function}'");
+            assert_eq!(lib.code.matches(&line).count(), 1, "{line}");
+        }
+        assert_eq!(lib.code.matches("function_name = ").count(), 4);
+        assert!(lib.code.contains(
+            "'proxy_pool_v1_inventory', callback = MAIN.inventory, flags = {'no-writes'}"
+        ));
+        assert!(
+            lib.code
+                .contains("'proxy_pool_v1_upsert', callback = MAIN.upsert, flags = {}")
+        );
+        assert!(!lib.code.contains("MAIN.extract"));
+        assert!(lib.code.contains("local function bind_keys"));
+        assert_ne!(LIBRARY.name, lib.name);
     }
 }

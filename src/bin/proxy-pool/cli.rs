@@ -44,6 +44,11 @@ pub enum Command {
     Release(HolderArgs),
     /// Delete a proxy from the pool.
     Remove(TargetArgs),
+    /// Load the function libraries into Redis (this build's and the public
+    /// contract library) and print the public library's name, then its
+    /// functions, one a line: prepares a Redis for a health checker or
+    /// Controller in another language (docs/pool-contract.md).
+    Functions(PoolArgs),
     /// Print the registry entry (`sha256:...`) for an API key, bearer token
     /// or Basic password read from standard input, or for a new one.
     HashCredential(HashCredentialArgs),

@@ -2,16 +2,20 @@
 //! `release`, `remove`): one atomic operation each, its verdict printed; a
 //! refusal exits 1, so scripts can test for it. `health -` reads many
 //! results as JSON lines from standard input and records them in batches.
+//! `functions` loads the function libraries, so that programs in other
+//! languages can call the public one.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal};
 use std::time::Duration;
 
 use proxy_pool::clock::parse_rfc3339;
-use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, RedisPool, Verdict};
+use proxy_pool::pool::{
+    CONTRACT_BATCH, ContractOp, RedisPool, Verdict, contract_functions, contract_library,
+};
 use serde::Deserialize;
 
-use crate::cli::{AckArgs, ClaimArgs, HealthArgs, HolderArgs, TargetArgs};
+use crate::cli::{AckArgs, ClaimArgs, HealthArgs, HolderArgs, PoolArgs, TargetArgs};
 use crate::output::say;
 use crate::{CliResult, operator_pool};
 
@@ -82,6 +86,20 @@ pub async fn remove(args: TargetArgs) -> CliResult {
         id: args.id.clone(),
     };
     apply(&args, op).await
+}
+
+/// `functions`: both libraries loaded, then the public library's name and
+/// its functions, one a line.
+pub async fn functions(args: PoolArgs) -> CliResult {
+    let (_, pool) = operator_pool(&args)?;
+    pool.load_function_libraries()
+        .await
+        .map_err(|e| format!("the function libraries could not be loaded: {e}"))?;
+    say!("{}", contract_library());
+    for function in contract_functions() {
+        say!("{function}");
+    }
+    Ok(())
 }
 
 /// Runs one contract operation and prints its verdict.

@@ -3,7 +3,8 @@
 //! One file per command group: [`cli`] (every command and its arguments),
 //! [`serve`], [`load`] (`load`, `load-demo`), [`stats`] (`stats`, `prune`;
 //! the counting in [`inventory`]),
-//! [`contract`] (`health`, `claim`, `drain`, `ack`, `release`, `remove`),
+//! [`contract`] (`health`, `claim`, `drain`, `ack`, `release`, `remove`,
+//! `functions`),
 //! [`credentials`] (`hash-credential`), [`clients`] (`clients
 //! add|rotate|revoke|list|import`), [`aggregates`] (`aggregates flush`,
 //! `usage`) and [`bench`]. Their standard output goes through [`output`],
@@ -50,6 +51,7 @@ async fn main() -> ExitCode {
         Command::Ack(args) => contract::ack(args).await,
         Command::Release(args) => contract::release(args).await,
         Command::Remove(args) => contract::remove(args).await,
+        Command::Functions(args) => contract::functions(args).await,
         Command::HashCredential(args) => credentials::hash(args),
         Command::Clients(command) => clients::run(command).await,
         Command::Load(args) => load::load(args).await,
