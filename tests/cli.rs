@@ -138,27 +138,12 @@ async fn health_results_from_json_lines() {
     ));
     results.push(r#"{"id":"nobody","ok":true}"#.to_owned());
     results.push(r#"{"id":"hc-0002","ok":"SECRET-maybe"}"#.to_owned());
-    let mut child = Command::new(BIN)
-        .args(["health", "--redis-url", &h.redis.url(), "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use tokio::io::AsyncWriteExt;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin
-            .write_all(results.join("\n").as_bytes())
-            .await
-            .unwrap();
-    }
-    let out = child.wait_with_output().await.unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    );
-    assert!(out.status.success(), "{stderr}");
+    let (ok, stdout, stderr) = run_with_input(
+        &["health", "--redis-url", &h.redis.url(), "-"],
+        &results.join("\n"),
+    )
+    .await;
+    assert!(ok, "{stderr}");
     assert_eq!(
         stdout.trim(),
         "recorded 600, refused 2 (stale 1, unknown 1), rejected 1"
@@ -180,6 +165,93 @@ async fn health_results_from_json_lines() {
         left.iter()
             .all(|id| id[3..].parse::<usize>().unwrap() % 3 != 0)
     );
+}
+
+/// The Worker commands take many operations as JSON lines too: `claim -`
+/// prints each claim's epoch, then every command counts what it applied,
+/// what was refused by reason, and the lines it could not read (by
+/// number, never their contents); the pool follows each step.
+#[tokio::test]
+async fn worker_commands_from_json_lines() {
+    let h = Harness::start().await;
+    let url = h.redis.url();
+    let ids: Vec<String> = (0..200).map(|i| format!("wk-{i:04}")).collect();
+    let lines: Vec<String> = ids.iter().map(|id| line(id, 600_000)).collect();
+    assert!(load(&url, &lines.join("\n")).await.0);
+    let claimed = &ids[..150];
+
+    let mut claims: Vec<String> = claimed
+        .iter()
+        .map(|id| format!(r#"{{"id":"{id}","worker":"w1"}}"#))
+        .collect();
+    claims.push(r#"{"id":"nobody","worker":"w1"}"#.to_owned());
+    claims.push(r#"{"id":"wk-0199","worker":"SECRET-maybe","epoch":1}"#.to_owned());
+    let (ok, out, err) =
+        run_with_input(&["claim", "--redis-url", &url, "-"], &claims.join("\n")).await;
+    assert!(ok, "{err}");
+    let out: Vec<&str> = out.lines().collect();
+    assert_eq!(out.len(), 151, "{out:?}");
+    for (id, printed) in claimed.iter().zip(&out) {
+        assert_eq!(*printed, format!("ok {id} (epoch 1)"));
+    }
+    assert_eq!(out[150], "claimed 150, refused 1 (unknown 1), rejected 1");
+    assert!(err.contains("line 152: skipped: not a claim"), "{err}");
+    assert!(!err.contains("SECRET"), "{err}");
+
+    let holder = |epoch: u64, extra: &str| -> String {
+        claimed
+            .iter()
+            .map(|id| format!(r#"{{"id":"{id}","worker":"w1","epoch":{epoch}{extra}}}"#))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let stale = r#"{"id":"wk-0000","worker":"w2","epoch":1}"#;
+    let (ok, out, err) = run_with_input(
+        &["drain", "--redis-url", &url, "-"],
+        &format!("{stale}\n{}", holder(1, "")),
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.trim(),
+        "drained 150, refused 1 (not-owner 1), rejected 0"
+    );
+    let (ok, out, err) = run_with_input(
+        &["ack", "--redis-url", &url, "-"],
+        &holder(1, r#","active":0,"reserved":0"#),
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "acknowledged 150, refused 0, rejected 0");
+    let (ok, out, err) =
+        run_with_input(&["release", "--redis-url", &url, "-"], &holder(1, "")).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "released 150, refused 0, rejected 0");
+    let removals: Vec<String> = ids[190..]
+        .iter()
+        .map(|id| format!(r#"{{"id":"{id}"}}"#))
+        .collect();
+    let (ok, out, err) =
+        run_with_input(&["remove", "--redis-url", &url, "-"], &removals.join("\n")).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "removed 10, refused 0, rejected 0");
+
+    // Released proxies are back; removed ones gone: 190 to extract.
+    let mut left = Vec::new();
+    loop {
+        let r = h.extract(r#"{"count":100}"#, &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        if r.ids().is_empty() {
+            break;
+        }
+        left.extend(r.ids());
+    }
+    left.sort();
+    assert_eq!(left, ids[..190].to_vec());
+    // A single operation still needs its options.
+    let (ok, _, err) = run(&["drain", "--redis-url", &url, "wk-0000"]).await;
+    assert!(!ok);
+    assert!(err.contains("--worker is required"), "{err}");
 }
 
 /// `serve` with no Redis URL starts its own, loads the demo pool, prints a
@@ -259,6 +331,27 @@ async fn serve_runs_with_its_embedded_default() {
         stdout.next_line().await.unwrap().as_deref(),
         Some("proxy-pool serve: stopped")
     );
+}
+
+/// Runs the binary with `input` on its standard input.
+async fn run_with_input(args: &[&str], input: &str) -> (bool, String, String) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
 }
 
 async fn run(args: &[&str]) -> (bool, String, String) {

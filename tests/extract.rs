@@ -464,7 +464,8 @@ async fn a_full_redis_loses_nothing_under_volatile_or_no_eviction() {
         // set below what Redis holds, so it stays full (a fill of small
         // calls can stop right at the limit).
         let full = h.used_memory().await;
-        h.config_set("maxmemory", full.saturating_sub(64 * 1024)).await;
+        h.config_set("maxmemory", full.saturating_sub(64 * 1024))
+            .await;
         let r = h.extract(r#"{"count":1}"#, &[]).await;
         assert_eq!(
             (r.status, r.code()),

@@ -32,17 +32,22 @@ pub enum Command {
     /// Remove proxies whose TTL life is over, and index entries past their
     /// safety margin or PROXY_POOL_MAX_HEALTH_CHECK_AGE_SECONDS, in bounded batches.
     Prune(PoolArgs),
-    /// Record a health check result (the health checker).
+    /// Record a health check result (the health checker); the id `-`:
+    /// many, as JSON lines from standard input.
     Health(HealthArgs),
-    /// A Gateway Worker claims an allocatable, eligible proxy; prints the epoch.
+    /// A Gateway Worker claims an allocatable, eligible proxy; prints the
+    /// epoch; the id `-`: many, as JSON lines.
     Claim(ClaimArgs),
-    /// The Controller publishes DRAINING for a Worker's proxy.
+    /// The Controller publishes DRAINING for a Worker's proxy; the id `-`:
+    /// many, as JSON lines.
     Drain(HolderArgs),
-    /// A Worker reports its Active/Reserved use of a DRAINING proxy (0 and 0: DRAINED).
+    /// A Worker reports its Active/Reserved use of a DRAINING proxy (0 and
+    /// 0: DRAINED); the id `-`: many, as JSON lines.
     Ack(AckArgs),
-    /// Clear the ownership of a DRAINED proxy (it becomes AVAILABLE).
+    /// Clear the ownership of a DRAINED proxy (it becomes AVAILABLE); the
+    /// id `-`: many, as JSON lines.
     Release(HolderArgs),
-    /// Delete a proxy from the pool.
+    /// Delete a proxy from the pool; the id `-`: many, as JSON lines.
     Remove(TargetArgs),
     /// Load the function libraries into Redis (this build's and the public
     /// contract library) and print the public library's name, then its
@@ -271,7 +276,8 @@ pub struct StatsArgs {
 pub struct TargetArgs {
     #[command(flatten)]
     pub pool: PoolArgs,
-    /// The proxy id.
+    /// The proxy id, or `-`: operations as JSON lines from standard
+    /// input, applied in batches, with a summary of refusals by reason.
     pub id: String,
 }
 
@@ -289,14 +295,15 @@ pub struct HealthArgs {
     pub checked_at: Option<String>,
 }
 
-/// `claim`.
+/// `claim` (the id `-`: claims as JSON lines from standard input,
+/// `{"id":…,"worker":…}`, each claim's epoch printed).
 #[derive(Args)]
 pub struct ClaimArgs {
     #[command(flatten)]
     pub target: TargetArgs,
-    /// The Worker.
+    /// The Worker (required unless the id is `-`: JSON lines then).
     #[arg(long)]
-    pub worker: String,
+    pub worker: Option<String>,
     /// The Gateway's minimum remaining TTL.
     #[arg(long, default_value_t = 30)]
     pub min_remaining_ttl_seconds: u64,
@@ -310,12 +317,12 @@ pub struct ClaimArgs {
 pub struct HolderArgs {
     #[command(flatten)]
     pub target: TargetArgs,
-    /// The Worker believed to hold it.
+    /// The Worker believed to hold it (required unless the id is `-`).
     #[arg(long)]
-    pub worker: String,
-    /// The epoch its claim returned.
+    pub worker: Option<String>,
+    /// The epoch its claim returned (required unless the id is `-`).
     #[arg(long)]
-    pub epoch: u64,
+    pub epoch: Option<u64>,
 }
 
 /// `ack`.
@@ -323,12 +330,12 @@ pub struct HolderArgs {
 pub struct AckArgs {
     #[command(flatten)]
     pub holder: HolderArgs,
-    /// Connections in use.
+    /// Connections in use (required unless the id is `-`).
     #[arg(long)]
-    pub active: u32,
-    /// Connections reserved.
+    pub active: Option<u32>,
+    /// Connections reserved (required unless the id is `-`).
     #[arg(long)]
-    pub reserved: u32,
+    pub reserved: Option<u32>,
 }
 
 /// `hash-credential`.
