@@ -36,6 +36,9 @@ const REPEAT_AFTER: Duration = Duration::from_millis(20);
 /// so extraction, the Gateway and the clients sharing it never wait long
 /// behind a fill or a refresh.
 const UPSERT_BATCH: usize = 32;
+/// Most proxies one [`RedisPool::upsert_batch`] call takes: one atomic
+/// call, decided at one clock, for a caller that needs that for a batch.
+const MAX_UPSERT_BATCH: usize = 128;
 /// The oldest Redis the scripts run on (Valkey reports its Redis level):
 /// they use `TIME` before writes, shebang flags, `ZMSCORE` and Functions.
 const MIN_REDIS: (u32, u32) = (7, 0);
@@ -520,13 +523,13 @@ impl RedisPool {
         Ok(statuses)
     }
 
-    /// One `lua/upsert.lua` call (at most [`UPSERT_BATCH`] proxies): the
+    /// One `lua/upsert.lua` call (at most [`MAX_UPSERT_BATCH`] proxies): the
     /// statuses and the Redis clock they were decided at, Unix ms.
     pub async fn upsert_batch(
         &self,
         batch: &[NewProxy],
     ) -> Result<(Vec<UpsertStatus>, i64), PoolError> {
-        if batch.is_empty() || batch.len() > UPSERT_BATCH {
+        if batch.is_empty() || batch.len() > MAX_UPSERT_BATCH {
             return Err(PoolError::Internal("upsert batch size out of range".into()));
         }
         let mut inv = scripts::with_pool_keys(&scripts::UPSERT, &self.options.policy);
