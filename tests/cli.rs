@@ -151,15 +151,7 @@ async fn health_results_from_json_lines() {
     assert!(stderr.contains("line 603: skipped"), "{stderr}");
     assert!(!stderr.contains("SECRET"), "{stderr}");
     // The 200 that failed their check are out of the pool.
-    let mut left = Vec::new();
-    loop {
-        let r = h.extract(r#"{"count":100}"#, &[]).await;
-        assert_eq!(r.status, 200, "{}", r.body);
-        if r.ids().is_empty() {
-            break;
-        }
-        left.extend(r.ids());
-    }
+    let left = extract_all(&h).await;
     assert_eq!(left.len(), 400);
     assert!(
         left.iter()
@@ -237,15 +229,7 @@ async fn worker_commands_from_json_lines() {
     assert_eq!(out.trim(), "removed 10, refused 0, rejected 0");
 
     // Released proxies are back; removed ones gone: 190 to extract.
-    let mut left = Vec::new();
-    loop {
-        let r = h.extract(r#"{"count":100}"#, &[]).await;
-        assert_eq!(r.status, 200, "{}", r.body);
-        if r.ids().is_empty() {
-            break;
-        }
-        left.extend(r.ids());
-    }
+    let mut left = extract_all(&h).await;
     left.sort();
     assert_eq!(left, ids[..190].to_vec());
     // A single operation still needs its options.
@@ -331,6 +315,19 @@ async fn serve_runs_with_its_embedded_default() {
         stdout.next_line().await.unwrap().as_deref(),
         Some("proxy-pool serve: stopped")
     );
+}
+
+/// Every proxy the pool hands out, 100 a request, until it answers none.
+async fn extract_all(h: &Harness) -> Vec<String> {
+    let mut all = Vec::new();
+    loop {
+        let r = h.extract(r#"{"count":100}"#, &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        if r.ids().is_empty() {
+            return all;
+        }
+        all.extend(r.ids());
+    }
 }
 
 /// Runs the binary with `input` on its standard input.

@@ -33,7 +33,6 @@ use std::time::{Duration, Instant};
 
 use lambda_http::http::{Request, StatusCode};
 use proxy_pool::distribution::EXTRACT_PATH;
-use proxy_pool::local::{PoolShape, RedisServer};
 use proxy_pool::pool::keys;
 use proxy_pool::scheduled;
 use proxy_pool::security::PeerAddr;
@@ -44,7 +43,7 @@ use super::caller::Caller;
 use super::cell::{percentile, returned};
 use super::plan::{Plan, StallPlan};
 use super::report::{Progress, human, status_mix};
-use super::{Bench, BenchError, SlowlogConfig, Target};
+use super::{Bench, BenchError, SlowlogConfig, Stage, Target, sleep_until_ms, stage};
 
 /// The policy's maxHealthCheckAge in the bench's configuration (see
 /// `bench_config`), ms.
@@ -159,30 +158,14 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
         .stall
         .clone()
         .ok_or_else(|| BenchError::Failed("no stall plan".into()))?;
-    let mut private = None;
-    let url = match target {
-        Target::Private => {
-            let server = RedisServer::start().await?;
-            let url = server.url();
-            private = Some(server);
-            url
-        }
-        Target::Url(url) => url,
-    };
-    // The timeline always has its bystander's `PING`, read second by second.
-    let pinging = Plan {
-        ping_every_ms: plan.ping_every_ms.max(1),
-        ..plan.clone()
-    };
-    let (bench, redis_version) = Bench::new(&pinging, &url, Vec::new(), progress).await?;
-    let n = plan.sizes.first().copied().unwrap_or(1_000_000);
-    let shape = plan
-        .combinations
-        .first()
-        .copied()
-        .unwrap_or(PoolShape::SMALL);
-    bench.flush().await?;
-    bench.set_shape(shape);
+    let Stage {
+        bench,
+        redis_version,
+        url: _,
+        n,
+        shape,
+        private,
+    } = stage(&plan, target, progress).await?;
     let slowlog = SlowlogConfig::set(&bench.conn).await;
 
     // The fill: every health check 3,600 s before the stall instant.
@@ -353,14 +336,6 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
     drop(bench);
     drop(private);
     Ok(timeline)
-}
-
-/// Sleeps until the wall clock reads `ms` (Unix ms).
-async fn sleep_until_ms(ms: i64) {
-    let wait = ms - proxy_pool::clock::now_ms();
-    if wait > 0 {
-        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-    }
 }
 
 /// The extraction clients: back to back, count=1, every other request

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use lambda_http::http::Request;
 use proxy_pool::clock::now_ms;
 use proxy_pool::distribution::EXTRACT_PATH;
-use proxy_pool::local::{PoolShape, RedisServer, synthetic_proxy};
+use proxy_pool::local::{PoolShape, synthetic_proxy};
 use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, RedisOptions, RedisPool, Verdict, keys};
 use proxy_pool::scheduled;
 use proxy_pool::security::PeerAddr;
@@ -52,7 +52,7 @@ use super::cell::{info_field, percentile};
 use super::filters::FilterShape;
 use super::plan::{Plan, SteadyPlan};
 use super::report::{Progress, human, status_mix};
-use super::{Bench, BenchError, Target, bench_config};
+use super::{Bench, BenchError, Stage, Target, bench_config, sleep_until_ms, stage};
 
 /// Writers act ten times a second.
 const TICK: Duration = Duration::from_millis(100);
@@ -247,29 +247,14 @@ pub async fn run(
         .steady
         .clone()
         .ok_or_else(|| BenchError::Failed("no steady plan".into()))?;
-    let mut private = None;
-    let url = match target {
-        Target::Private => {
-            let server = RedisServer::start().await?;
-            let url = server.url();
-            private = Some(server);
-            url
-        }
-        Target::Url(url) => url,
-    };
-    let pinging = Plan {
-        ping_every_ms: plan.ping_every_ms.max(1),
-        ..plan.clone()
-    };
-    let (bench, redis_version) = Bench::new(&pinging, &url, Vec::new(), progress).await?;
-    let n = plan.sizes.first().copied().unwrap_or(1_000_000);
-    let shape = plan
-        .combinations
-        .first()
-        .copied()
-        .unwrap_or(PoolShape::SMALL);
-    bench.flush().await?;
-    bench.set_shape(shape);
+    let Stage {
+        bench,
+        url,
+        redis_version,
+        n,
+        shape,
+        private,
+    } = stage(&plan, target, progress).await?;
     bench.progress.start(
         n as u64,
         format!(
@@ -809,14 +794,6 @@ async fn job(
         at += every as i64 * 1000;
     }
     Ok(())
-}
-
-/// Sleeps until the wall clock reads `ms` (Unix ms).
-async fn sleep_until_ms(ms: i64) {
-    let wait = ms - now_ms();
-    if wait > 0 {
-        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-    }
 }
 
 /// The quiet phase and each step, from the seconds (each step's first
