@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use crate::aggregates::{AggregatesOptions, DatabaseUrl};
 use crate::distribution::Settings;
 use crate::extraction::Policy;
-use crate::pool::{Fulfillment, PoolPolicy, RedisOptions};
+use crate::pool::{Fulfillment, PoolName, PoolPolicy, RedisOptions};
 use crate::security::{AuthSchemes, Rate, SourcePolicy, registry::parse_net};
 
 /// Hard upper bound for `PROXY_POOL_MAX_COUNT_PER_REQUEST` (the OpenAPI maximum).
@@ -24,6 +24,10 @@ pub const MAX_COUNT_HARD_CAP: u32 = 1000;
 pub struct Config {
     /// `PROXY_POOL_REDIS_URL`: where the pool lives (`redis://` or `rediss://`).
     pub redis_url: Option<String>,
+    /// `PROXY_POOL_NAME`: the pool's name (default `pp`), its keys' hash
+    /// tag: pools of different names share one Redis (Cluster), each in its
+    /// own slot, with their own client registry and rate limits.
+    pub pool_name: PoolName,
     /// `PROXY_POOL_MAX_COUNT_PER_REQUEST`: largest `count` accepted (default 100).
     pub max_count_per_request: u32,
     /// `PROXY_POOL_DEFAULT_FULFILLMENT`: used when a request omits `fulfillment`.
@@ -100,6 +104,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             redis_url: None,
+            pool_name: PoolName::default(),
             max_count_per_request: 100,
             default_fulfillment: Fulfillment::Partial,
             min_remaining_ttl: Duration::from_secs(30),
@@ -160,6 +165,7 @@ impl Config {
                 max_health_check_age: self.max_health_check_age,
                 min_remaining_ttl: self.min_remaining_ttl,
             },
+            pool: self.pool_name.clone(),
         }
     }
 
@@ -210,6 +216,7 @@ impl Config {
         // Destructured whole, so a new setting cannot be left out unseen.
         let Self {
             redis_url,
+            pool_name,
             max_count_per_request,
             default_fulfillment,
             min_remaining_ttl,
@@ -266,6 +273,7 @@ impl Config {
                     .map(without_password)
                     .unwrap_or_default(),
             ),
+            ("pool_name", pool_name.to_string()),
             ("max_count_per_request", max_count_per_request.to_string()),
             ("default_fulfillment", default_fulfillment.as_str().into()),
             ("min_remaining_ttl_ms", ms(min_remaining_ttl)),
@@ -367,6 +375,13 @@ impl Config {
                 reason: "must be below PROXY_POOL_REDIS_TIMEOUT_MS".into(),
             });
         }
+        let pool_name = match get("PROXY_POOL_NAME") {
+            None => d.pool_name,
+            Some(v) => PoolName::parse(v.trim()).map_err(|e| ConfigError {
+                variable: "PROXY_POOL_NAME",
+                reason: e.to_string(),
+            })?,
+        };
         let max_count_per_request = number(
             &get,
             "PROXY_POOL_MAX_COUNT_PER_REQUEST",
@@ -385,6 +400,7 @@ impl Config {
         };
         Ok(Self {
             redis_url,
+            pool_name,
             max_count_per_request,
             default_fulfillment,
             min_remaining_ttl: secs(
@@ -596,6 +612,7 @@ mod tests {
     fn reads_every_variable() {
         let c = from(&[
             ("PROXY_POOL_REDIS_URL", "redis://127.0.0.1:1/"),
+            ("PROXY_POOL_NAME", "eu-west_1"),
             ("PROXY_POOL_MAX_COUNT_PER_REQUEST", "1000"),
             ("PROXY_POOL_DEFAULT_FULFILLMENT", "allOrNothing"),
             ("PROXY_POOL_MIN_REMAINING_TTL_SECONDS", "5"),
@@ -631,6 +648,8 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.redis_url.as_deref(), Some("redis://127.0.0.1:1/"));
+        assert_eq!(c.pool_name.as_str(), "eu-west_1");
+        assert_eq!(c.redis_options().pool, c.pool_name);
         assert_eq!(c.max_count_per_request, 1000);
         assert_eq!(c.default_fulfillment, Fulfillment::AllOrNothing);
         assert_eq!(c.min_remaining_ttl, Duration::from_secs(5));
@@ -682,6 +701,8 @@ mod tests {
     #[test]
     fn names_the_bad_variable() {
         for (var, value) in [
+            ("PROXY_POOL_NAME", "{pp}"),
+            ("PROXY_POOL_NAME", "ppppppppppppppppppppppppppppppppp"),
             ("PROXY_POOL_MAX_COUNT_PER_REQUEST", "1001"),
             ("PROXY_POOL_MAX_COUNT_PER_REQUEST", "0"),
             ("PROXY_POOL_DEFAULT_FULFILLMENT", "some"),
@@ -755,6 +776,9 @@ mod tests {
         assert_eq!(rotated.version(), version);
         let mut other = base.clone();
         other.reserve_for_gateway = 1;
+        assert_ne!(other.version(), version);
+        let mut other = base.clone();
+        other.pool_name = PoolName::parse("eu").unwrap();
         assert_ne!(other.version(), version);
         let mut other = base.clone();
         other.redis_url = Some("rediss://app:pw-one@other-cache:6379/0".into());

@@ -1,6 +1,7 @@
 //! The Redis deployments people run: a 3-master Redis Cluster (ElastiCache
 //! cluster mode, Valkey cluster), TLS (`rediss://`, ElastiCache in-transit
-//! encryption) and a primary with a replica (`WAIT` before answering).
+//! encryption), a primary with a replica (`WAIT` before answering), and
+//! several named pools (`PROXY_POOL_NAME`) sharing one Redis or Cluster.
 //!
 //! Over 600 lines on purpose: the deployments share their set-ups (a
 //! cluster, replicas, a relay announced by a node) and the drills build on
@@ -19,7 +20,8 @@ use common::{Reply, app_over, certificates, extract_as, proxies, proxy, test_con
 use proxy_pool::distribution::App;
 use proxy_pool::local::{Armed, RedisServer, Relay, TlsFiles};
 use proxy_pool::pool::{
-    ExtractionOutcome, ExtractionQuery, Fulfillment, PoolError, RedisPool, Selection, keys,
+    ExtractionOutcome, ExtractionQuery, Fulfillment, PoolError, PoolKeys, PoolName, PutMode,
+    RedisPool, Selection, StoredClient, keys,
 };
 use proxy_pool::security::Rate;
 use redis::aio::MultiplexedConnection;
@@ -210,6 +212,156 @@ async fn works_on_a_redis_cluster() {
         }
     }
     assert_eq!(holders, 1, "the pool is spread over several nodes");
+}
+
+/// A pool named `name` over `url` (cluster mode or not), its handler,
+/// and `n` proxies named `prefix` loaded; client rate limits on (high
+/// enough never to refuse), so their keys exist too.
+async fn named_pool(
+    url: &str,
+    cluster: bool,
+    name: &str,
+    prefix: &str,
+    n: usize,
+) -> (RedisPool, std::sync::Arc<App>) {
+    let mut config = test_config();
+    config.redis_cluster = cluster;
+    config.pool_name = PoolName::parse(name).unwrap();
+    config.client_rate = Some(Rate {
+        per_second: 100.0,
+        burst: 100,
+    });
+    let pool = RedisPool::with_options(url, &config.redis_options()).unwrap();
+    assert_eq!(pool.keys(), &PoolKeys::new(&config.pool_name));
+    let app = app_over(&config, pool.clone());
+    pool.upsert(&proxies(prefix, n)).await.unwrap();
+    (pool, app)
+}
+
+/// Every key on the server at `url`.
+async fn all_keys(url: &str) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut connect(url).await)
+        .await
+        .unwrap()
+}
+
+/// Two pools of different names on a 3-master Cluster, their hash tags
+/// owned by different masters: each hands out only its own proxies (an
+/// extraction asking for more than it holds gets exactly its own, then
+/// none), and every key of each pool lives on its own master only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_pools_share_a_cluster_on_their_own_masters() {
+    let nodes = start_cluster().await;
+    let urls = nodes
+        .iter()
+        .map(RedisServer::url)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut conn = connect(&nodes[0].url()).await;
+    let (eu_owner, ap_owner) = (
+        tag_owner_port(&mut conn, "{eu}").await,
+        tag_owner_port(&mut conn, "{ap}").await,
+    );
+    assert_ne!(eu_owner, ap_owner, "pick names whose slots differ");
+    let (eu, eu_app) = named_pool(&urls, true, "eu", "eu", 6).await;
+    let (ap, ap_app) = named_pool(&urls, true, "ap", "ap", 4).await;
+    assert!(eu.connection().is_cluster() && ap.connection().is_cluster());
+    assert_eq!(ready(&eu_app).await.status, 200);
+    assert_eq!(ready(&ap_app).await.status, 200);
+
+    let me = "127.0.0.1:1";
+    let key = [("idempotency-key", "shared-key-0001")];
+    let from_eu = extract_as(&eu_app, r#"{"count":10}"#, &key, me).await;
+    let from_ap = extract_as(&ap_app, r#"{"count":10}"#, &key, me).await;
+    assert_eq!(from_eu.status, 200, "{}", from_eu.body);
+    assert_eq!(from_ap.status, 200, "{}", from_ap.body);
+    let ids = |prefix: &str, n: usize| -> Vec<String> {
+        (0..n).map(|i| format!("{prefix}-{i:04}")).collect()
+    };
+    assert_eq!(from_eu.ids(), ids("eu", 6));
+    assert_eq!(from_ap.ids(), ids("ap", 4));
+    for (app, pool) in [(&eu_app, &eu), (&ap_app, &ap)] {
+        let rest = extract_as(app, r#"{"count":10}"#, &[], me).await;
+        assert_eq!((rest.status, rest.ids().len()), (200, 0), "{}", rest.body);
+        assert!(pool.inventory().await.unwrap().buckets.is_empty());
+    }
+
+    // Each pool's keys (records, counts, rate limits, ...) on its master only.
+    for node in &nodes {
+        let found = all_keys(&node.url()).await;
+        let of = |tag: &str| found.iter().filter(|k| k.starts_with(tag)).count();
+        let (eu_keys, ap_keys) = (of("{eu}:"), of("{ap}:"));
+        assert_eq!(eu_keys + ap_keys, found.len(), "{found:?}");
+        if node.port() == eu_owner {
+            assert_eq!(ap_keys, 0, "{found:?}");
+            assert!(found.iter().any(|k| k == eu.keys().records()));
+            assert!(found.iter().any(|k| k.starts_with("{eu}:rl:client:")));
+        } else if node.port() == ap_owner {
+            assert_eq!(eu_keys, 0, "{found:?}");
+            assert!(found.iter().any(|k| k == ap.keys().records()));
+            assert!(found.iter().any(|k| k.starts_with("{ap}:rl:client:")));
+        } else {
+            assert!(found.is_empty(), "{found:?}");
+        }
+    }
+}
+
+/// Two pools of different names on one Redis are fully separate: loads,
+/// inventories, extraction (the same `Idempotency-Key` from the same
+/// caller in each), client registries and rate limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_pools_on_one_redis_are_separate() {
+    let server = RedisServer::start()
+        .await
+        .expect("redis-server must be installed");
+    let (a, a_app) = named_pool(&server.url(), false, "pp", "a", 3).await;
+    let (b, b_app) = named_pool(&server.url(), false, "tenant-b", "b", 5).await;
+    let eligible = |pool: RedisPool| async move {
+        let inventory = pool.inventory().await.unwrap();
+        inventory.buckets.iter().map(|b| b.eligible).sum::<u64>()
+    };
+    assert_eq!(eligible(a.clone()).await, 3);
+    assert_eq!(eligible(b.clone()).await, 5);
+
+    let me = "127.0.0.1:1";
+    let key = [("idempotency-key", "shared-key-0002")];
+    let from_a = extract_as(&a_app, r#"{"count":2}"#, &key, me).await;
+    let from_b = extract_as(&b_app, r#"{"count":2}"#, &key, me).await;
+    assert_eq!(from_a.ids(), ["a-0000", "a-0001"], "{}", from_a.body);
+    assert_eq!(from_b.ids(), ["b-0000", "b-0001"], "{}", from_b.body);
+    assert_eq!(eligible(a.clone()).await, 1);
+    assert_eq!(eligible(b.clone()).await, 3);
+    let rest_a = extract_as(&a_app, r#"{"count":10}"#, &[], me).await;
+    assert_eq!(rest_a.ids(), ["a-0002"]);
+    assert_eq!(eligible(a.clone()).await, 0);
+    assert_eq!(eligible(b.clone()).await, 3);
+
+    let client = StoredClient {
+        id: "only-in-a".into(),
+        entry: "{}".into(),
+        credentials: vec!["apiKey:00".into()],
+    };
+    a.put_clients(PutMode::Add, &[client]).await.unwrap();
+    assert_eq!(a.client_entries().await.unwrap().len(), 1);
+    assert!(b.client_entries().await.unwrap().is_empty());
+
+    let found = all_keys(&server.url()).await;
+    for pool in [&a, &b] {
+        assert!(found.iter().any(|k| k == pool.keys().records()));
+        assert!(
+            found
+                .iter()
+                .any(|k| *k == pool.keys().rate_client("ip:127.0.0.1"))
+        );
+    }
+    assert!(
+        found
+            .iter()
+            .all(|k| k.starts_with("{pp}:") || k.starts_with("{tenant-b}:"))
+    );
+    assert!(!found.iter().any(|k| k == b.keys().client_entries()));
 }
 
 /// The Redis 6.2 server `scripts/deps.sh test` installs (from the pinned
@@ -425,9 +577,14 @@ async fn replica_acknowledgement_before_answering() {
 
 /// The `{pp}` slot's master in a cluster: its port, from `CLUSTER SLOTS`.
 async fn slot_owner_port(conn: &mut MultiplexedConnection) -> u16 {
+    tag_owner_port(conn, keys::HASH_TAG).await
+}
+
+/// The master owning the slot of hash tag `tag`: its port, from `CLUSTER SLOTS`.
+async fn tag_owner_port(conn: &mut MultiplexedConnection, tag: &str) -> u16 {
     let slot: i64 = redis::cmd("CLUSTER")
         .arg("KEYSLOT")
-        .arg("{pp}")
+        .arg(tag)
         .query_async(conn)
         .await
         .unwrap();

@@ -1,10 +1,11 @@
 //! The Redis client registry's storage: credential digest -> client id
-//! ([`keys::CLIENT_CREDENTIALS`]) and client id -> entry
-//! ([`keys::CLIENT_ENTRIES`]). Entries are opaque JSON here; the security
+//! ([`PoolKeys::client_credentials`](super::keys::PoolKeys::client_credentials)) and client id -> entry
+//! ([`PoolKeys::client_entries`](super::keys::PoolKeys::client_entries)), under the pool's own hash tag: each pool
+//! (`PROXY_POOL_NAME`) has its own registry. Entries are opaque JSON here; the security
 //! layer gives them meaning.
 
 use super::error::PoolError;
-use super::keys;
+
 use super::redis_pool::RedisPool;
 use super::scripts;
 
@@ -63,8 +64,8 @@ impl RedisPool {
     /// (`lua/client_lookup.lua`, two `HGET`s).
     pub async fn client_by_credential(&self, field: &str) -> Result<Option<String>, PoolError> {
         let mut inv = scripts::CLIENT_LOOKUP.prepare_invoke();
-        inv.key(keys::CLIENT_CREDENTIALS)
-            .key(keys::CLIENT_ENTRIES)
+        inv.key(self.keys().client_credentials())
+            .key(self.keys().client_entries())
             .arg(field);
         self.invoke(&inv, true).await
     }
@@ -74,7 +75,7 @@ impl RedisPool {
         let mut conn = self.connection();
         self.bounded(async {
             Ok(redis::cmd("HGET")
-                .arg(keys::CLIENT_ENTRIES)
+                .arg(self.keys().client_entries())
                 .arg(id)
                 .query_async(&mut conn)
                 .await?)
@@ -98,8 +99,8 @@ impl RedisPool {
             return Err(PoolError::Internal("client batch out of range".into()));
         }
         let mut inv = scripts::CLIENT_PUT.prepare_invoke();
-        inv.key(keys::CLIENT_CREDENTIALS)
-            .key(keys::CLIENT_ENTRIES)
+        inv.key(self.keys().client_credentials())
+            .key(self.keys().client_entries())
             .arg(match mode {
                 PutMode::Add => "add",
                 PutMode::Replace => "replace",
@@ -131,8 +132,8 @@ impl RedisPool {
     /// `Some(credentials removed)`, or `None` when it is not registered.
     pub async fn revoke_client(&self, id: &str) -> Result<Option<u64>, PoolError> {
         let mut inv = scripts::CLIENT_REVOKE.prepare_invoke();
-        inv.key(keys::CLIENT_CREDENTIALS)
-            .key(keys::CLIENT_ENTRIES)
+        inv.key(self.keys().client_credentials())
+            .key(self.keys().client_entries())
             .arg(id);
         let removed: i64 = self.invoke(&inv, false).await?;
         Ok(u64::try_from(removed).ok())
@@ -148,7 +149,7 @@ impl RedisPool {
             let (next, flat): (u64, Vec<String>) = self
                 .bounded(async {
                     Ok(redis::cmd("HSCAN")
-                        .arg(keys::CLIENT_ENTRIES)
+                        .arg(self.keys().client_entries())
                         .arg(cursor)
                         .arg("COUNT")
                         .arg(SCAN_COUNT)

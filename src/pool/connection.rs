@@ -1,9 +1,9 @@
 //! The connection behind [`super::RedisPool`]: one self-healing connection to
 //! a single Redis (a primary endpoint: ElastiCache with cluster mode off,
 //! Valkey, a plain `redis-server`), or a Redis Cluster client that routes
-//! every command by its first key. All pool keys share the hash tag `{pp}`,
-//! so in a cluster every script and its `WAIT` go to the one primary that
-//! owns that slot. Either way the rest of the code sees one
+//! every command by its first key. All keys of a pool share its hash tag
+//! (`{<pool name>}`, `{pp}` by default), so in a cluster every script and
+//! its `WAIT` go to the one primary that owns that slot. Either way the rest of the code sees one
 //! [`redis::aio::ConnectionLike`].
 
 use std::path::PathBuf;
@@ -23,7 +23,7 @@ use redis::{
 use tokio::sync::OnceCell;
 
 use super::error::PoolError;
-use super::keys;
+use super::keys::{PoolKeys, PoolName};
 use super::policy::PoolPolicy;
 
 /// How to reach Redis: everything [`super::RedisPool`] needs besides the URL.
@@ -48,11 +48,14 @@ pub struct RedisOptions {
     /// The pool policy this deployment runs under; every script checks it
     /// against the one the pool records.
     pub policy: PoolPolicy,
+    /// The pool's name: its keys' hash tag, so pools of different names
+    /// share one Redis (Cluster) without sharing a key.
+    pub pool: PoolName,
 }
 
 impl RedisOptions {
     /// A single server, no replica acknowledgement, system roots, the
-    /// default pool policy.
+    /// default pool policy and name.
     pub fn single(timeout: Duration) -> Self {
         Self {
             timeout,
@@ -62,6 +65,7 @@ impl RedisOptions {
             replica_acks: 0,
             replica_ack_timeout: Duration::ZERO,
             policy: PoolPolicy::default(),
+            pool: PoolName::default(),
         }
     }
 }
@@ -76,20 +80,21 @@ pub struct PoolConnection {
 enum Inner {
     Single(ConnectionManager),
     Cluster(Arc<LazyCluster>),
-    /// One socket to the primary that owns `{pp}`, never replaced behind
+    /// One socket to the primary that owns the pool's slot, never replaced behind
     /// the caller's back: a lane for a batch and its `WAIT` (see
     /// `acknowledger`).
     Direct(MultiplexedConnection),
 }
 
 /// Opens [`PoolConnection`]s of one socket each to the primary that owns
-/// the pool's slot (the server itself, or in a cluster the `{pp}` master).
+/// the pool's slot (the server itself, or in a cluster the master owning
+/// its hash tag).
 #[derive(Clone)]
 pub(crate) struct DirectOpener {
     /// The server, or in a cluster a seed node whose settings (credentials,
     /// TLS) the owner's connection reuses.
     client: redis::Client,
-    /// In a cluster: where to ask who owns `{pp}`.
+    /// In a cluster: where to ask who owns the pool's hash tag.
     cluster: Option<Arc<LazyCluster>>,
     timeout: Duration,
 }
@@ -103,7 +108,7 @@ impl DirectOpener {
         let client = match &self.cluster {
             None => self.client.clone(),
             Some(lazy) => {
-                let (host, port) = slot_owner(&mut lazy.get().await?).await?;
+                let (host, port) = slot_owner(&mut lazy.get().await?, &lazy.hash_tag).await?;
                 let info = self.client.get_connection_info().clone();
                 let addr = match info.addr().clone() {
                     ConnectionAddr::TcpTls {
@@ -130,11 +135,12 @@ impl DirectOpener {
     }
 }
 
-/// The host and port of the master owning the `{pp}` slot, from `CLUSTER SLOTS`.
-async fn slot_owner(conn: &mut ClusterConnection) -> RedisResult<(String, u16)> {
+/// The host and port of the master owning the slot of `hash_tag` (the
+/// pool's), from `CLUSTER SLOTS`.
+async fn slot_owner(conn: &mut ClusterConnection, hash_tag: &str) -> RedisResult<(String, u16)> {
     let slot: i64 = redis::cmd("CLUSTER")
         .arg("KEYSLOT")
-        .arg(keys::COUNTS)
+        .arg(hash_tag)
         .query_async(conn)
         .await?;
     let ranges: Vec<Vec<Value>> = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
@@ -168,6 +174,8 @@ async fn slot_owner(conn: &mut ClusterConnection) -> RedisResult<(String, u16)> 
 struct LazyCluster {
     client: ClusterClient,
     conn: OnceCell<ClusterConnection>,
+    /// The pool's hash tag: where a command with no key is sent.
+    hash_tag: String,
 }
 
 impl LazyCluster {
@@ -218,6 +226,7 @@ impl PoolConnection {
             let lazy = Arc::new(LazyCluster {
                 client,
                 conn: OnceCell::new(),
+                hash_tag: PoolKeys::new(&options.pool).hash_tag().to_owned(),
             });
             let opener = DirectOpener {
                 client: single_client(seed, certificates)?,
@@ -260,7 +269,7 @@ impl PoolConnection {
 
 /// A connection the scripts run on. It also sends a command with no key
 /// (the function library's load) to where the pool's keys live: in a
-/// Cluster, the master owning `{pp}` only (redis-rs would send it to every
+/// Cluster, the master owning the pool's hash tag only (redis-rs would send it to every
 /// master, and fail it while any of them is down).
 pub(crate) trait ScriptConnection: ConnectionLike + Send {
     /// Sends `cmd` to the server holding the pool.
@@ -276,7 +285,7 @@ impl ScriptConnection for PoolConnection {
         };
         let lazy = Arc::clone(lazy);
         Box::pin(async move {
-            let route = Route::with_key(keys::HASH_TAG, SlotAddr::Master);
+            let route = Route::with_key(lazy.hash_tag.as_bytes(), SlotAddr::Master);
             let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
             lazy.get().await?.route_command(cmd.clone(), routing).await
         })

@@ -238,7 +238,7 @@ impl RedisPool {
                 "contract batch size out of range".into(),
             ));
         }
-        let mut inv = scripts::with_pool_keys(&scripts::CONTRACT, &self.policy());
+        let mut inv = scripts::with_pool_keys(&scripts::CONTRACT, self.keys(), &self.policy());
         for op in ops {
             for arg in op.args() {
                 inv.arg(arg);

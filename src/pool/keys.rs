@@ -1,9 +1,15 @@
 //! Names of the pool's Redis keys. All share one hash tag, so every script
-//! touches a single Redis Cluster slot.
+//! touches a single Redis Cluster slot. The tag is the pool's name
+//! (`PROXY_POOL_NAME`, [`PoolName`]): pools of different names share one
+//! Redis Cluster, each on its own slot, and the product builds every key
+//! name from its pool's [`PoolKeys`]. The constants below are the default
+//! pool's (`pp`) names, kept for tests and documentation.
+
+use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-/// The hash tag every pool key starts with.
+/// The default pool's hash tag, which every one of its keys starts with.
 pub const HASH_TAG: &str = "{pp}";
 
 /// The pool layout these keys hold (`lua/prelude/base.lua`), recorded in
@@ -80,6 +86,158 @@ pub fn rate_client(client_id: &str) -> String {
     )
 }
 
+/// A pool's name: 1 to 32 characters of `A-Z a-z 0-9 _ -`, the hash tag
+/// (`{<name>}`) every key of the pool starts with.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolName(String);
+
+/// Why a pool name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a pool name is 1 to 32 characters of A-Z, a-z, 0-9, `_` and `-`")]
+pub struct InvalidPoolName;
+
+impl PoolName {
+    /// The name of the pool every deployment used before pools had names.
+    pub const DEFAULT: &str = "pp";
+
+    /// Validates `name`.
+    pub fn parse(name: &str) -> Result<Self, InvalidPoolName> {
+        let valid = (1..=32).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if valid {
+            Ok(Self(name.to_owned()))
+        } else {
+            Err(InvalidPoolName)
+        }
+    }
+
+    /// The name as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for PoolName {
+    fn default() -> Self {
+        Self(Self::DEFAULT.to_owned())
+    }
+}
+
+impl fmt::Display for PoolName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for PoolName {
+    type Err = InvalidPoolName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+/// Every key name of one pool, all under its hash tag; the constants of
+/// this module describe each (they are the default pool's names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolKeys {
+    hash_tag: String,
+    pool: [String; 7],
+    usage_unflushed: String,
+    client_credentials: String,
+    client_entries: String,
+    rate_global: String,
+}
+
+impl PoolKeys {
+    /// The keys of pool `name`.
+    pub fn new(name: &PoolName) -> Self {
+        let tag = format!("{{{name}}}");
+        let key = |suffix: &str| format!("{tag}:{suffix}");
+        Self {
+            pool: ["rec", "due", "ax", "hd", "cnt", "idem", "idemx"]
+                .map(|s| key(&format!("v{LAYOUT}:{s}"))),
+            usage_unflushed: key("usage:unflushed"),
+            client_credentials: key("clients"),
+            client_entries: key("client"),
+            rate_global: key("rl:global"),
+            hash_tag: tag,
+        }
+    }
+
+    /// The hash tag every key starts with (`{<name>}`), as [`HASH_TAG`].
+    pub fn hash_tag(&self) -> &str {
+        &self.hash_tag
+    }
+
+    /// The keys every pool script takes first, as [`POOL`].
+    pub fn pool(&self) -> [&str; 7] {
+        self.pool.each_ref().map(String::as_str)
+    }
+
+    /// The proxy records, as [`RECORDS`].
+    pub fn records(&self) -> &str {
+        &self.pool[0]
+    }
+
+    /// The records' due instants, as [`DUE`].
+    pub fn due(&self) -> &str {
+        &self.pool[1]
+    }
+
+    /// The locators of indexed proxies, as [`INDEX`].
+    pub fn index(&self) -> &str {
+        &self.pool[2]
+    }
+
+    /// The counts and meta field, as [`COUNTS`].
+    pub fn counts(&self) -> &str {
+        &self.pool[4]
+    }
+
+    /// Closed hours a flush could not move, as [`USAGE_UNFLUSHED`].
+    pub fn usage_unflushed(&self) -> &str {
+        &self.usage_unflushed
+    }
+
+    /// One hour's usage counters, as [`usage_hour`].
+    pub fn usage_hour(&self, hour_start_s: i64) -> String {
+        format!("{}:usage:{hour_start_s}", self.hash_tag)
+    }
+
+    /// The registry's credential digests, as [`CLIENT_CREDENTIALS`].
+    pub fn client_credentials(&self) -> &str {
+        &self.client_credentials
+    }
+
+    /// The registry's client entries, as [`CLIENT_ENTRIES`].
+    pub fn client_entries(&self) -> &str {
+        &self.client_entries
+    }
+
+    /// The global rate limit's state, as [`RATE_GLOBAL`].
+    pub fn rate_global(&self) -> &str {
+        &self.rate_global
+    }
+
+    /// One client's rate limit state, as [`rate_client`].
+    pub fn rate_client(&self, client_id: &str) -> String {
+        format!(
+            "{}:rl:client:{}",
+            self.hash_tag,
+            hex::encode(Sha256::digest(client_id.as_bytes()))
+        )
+    }
+}
+
+impl Default for PoolKeys {
+    fn default() -> Self {
+        Self::new(&PoolName::default())
+    }
+}
+
 /// The field of [`IDEMPOTENCY`] holding one committed extraction for
 /// replay, scoped to a client and its `Idempotency-Key` (hashed, so neither
 /// is stored).
@@ -101,5 +259,40 @@ mod tests {
         assert_ne!(idempotency("a", "bkey0000"), idempotency("b", "bkey0000"));
         assert_ne!(idempotency("ab", "c"), idempotency("a", "bc"));
         assert_eq!(idempotency("a", "b").len(), 64);
+    }
+
+    /// The default pool's keys are the constants, so neither can drift.
+    #[test]
+    fn default_pool_keys_are_the_constants() {
+        let keys = PoolKeys::new(&PoolName::parse("pp").unwrap());
+        assert_eq!(keys, PoolKeys::default());
+        assert_eq!(keys.hash_tag(), HASH_TAG);
+        assert_eq!(keys.pool(), POOL);
+        assert_eq!(
+            [keys.records(), keys.due(), keys.index(), keys.counts()],
+            [RECORDS, DUE, INDEX, COUNTS]
+        );
+        assert_eq!(keys.usage_unflushed(), USAGE_UNFLUSHED);
+        assert_eq!(keys.usage_hour(3600), usage_hour(3600));
+        assert_eq!(keys.client_credentials(), CLIENT_CREDENTIALS);
+        assert_eq!(keys.client_entries(), CLIENT_ENTRIES);
+        assert_eq!(keys.rate_global(), RATE_GLOBAL);
+        assert_eq!(keys.rate_client("c1"), rate_client("c1"));
+    }
+
+    /// Another name moves every key under its own tag, and only valid
+    /// names are accepted.
+    #[test]
+    fn named_pools_have_their_own_keys() {
+        let keys = PoolKeys::new(&PoolName::parse("eu-West_2").unwrap());
+        assert_eq!(keys.hash_tag(), "{eu-West_2}");
+        assert_eq!(keys.records(), "{eu-West_2}:v2:rec");
+        assert_eq!(keys.pool()[6], "{eu-West_2}:v2:idemx");
+        assert_eq!(keys.usage_hour(7200), "{eu-West_2}:usage:7200");
+        assert!(keys.rate_client("c1").starts_with("{eu-West_2}:rl:client:"));
+        assert!(PoolName::parse(&"a".repeat(32)).is_ok());
+        for bad in ["", "a b", "a}", "{a", "a:b", "é", &"a".repeat(33)] {
+            assert_eq!(PoolName::parse(bad), Err(InvalidPoolName), "{bad:?}");
+        }
     }
 }

@@ -108,7 +108,7 @@ impl RedisPool {
             ..PruneReport::default()
         };
         while report.batches < max_batches {
-            let mut inv = scripts::with_pool_keys(&scripts::PRUNE, &self.policy());
+            let mut inv = scripts::with_pool_keys(&scripts::PRUNE, self.keys(), &self.policy());
             inv.arg(batch);
             // Repeating a prune after a dropped connection removes nothing twice.
             let (records, index_entries, idempotency_records, more): (u64, u64, u64, u8) =
@@ -134,7 +134,7 @@ impl RedisPool {
         let mut cursor = "0".to_owned();
         let mut exact = true;
         loop {
-            let mut inv = scripts::with_pool_keys(&scripts::INVENTORY, &self.policy());
+            let mut inv = scripts::with_pool_keys(&scripts::INVENTORY, self.keys(), &self.policy());
             inv.arg(&cursor)
                 .arg(INVENTORY_PAGE)
                 .arg(EXPIRING_WITHIN.as_millis() as u64);

@@ -39,6 +39,7 @@ pub use clients::{MAX_CLIENT_BATCH, MAX_CLIENT_CREDENTIALS, PutMode, PutOutcome,
 pub use connection::{PoolConnection, RedisOptions};
 pub use contract::{CONTRACT_BATCH, ContractOp, ContractReply, MAX_CONTRACT_BATCH, Verdict};
 pub use error::{Outage, OutageClass, PoolError};
+pub use keys::{InvalidPoolName, PoolKeys, PoolName};
 pub use maintenance::{BucketInventory, EXPIRING_WITHIN, Inventory, MAX_PRUNE_BATCH, PruneReport};
 pub use new_proxy::{LineError, NewProxy, UpsertStatus};
 pub use policy::PoolPolicy;

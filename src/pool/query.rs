@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::keys;
+use super::keys::PoolKeys;
 
 /// The proxy protocols the pool knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -283,10 +283,10 @@ impl UsageScope {
     }
 
     /// Adds the counters' two keys and four arguments to an extraction
-    /// call (where `lua/extract.lua` expects them).
-    pub(super) fn declare(&self, inv: &mut super::scripts::Invocation<'_>) {
-        inv.key(keys::usage_hour(self.hours[0]))
-            .key(keys::usage_hour(self.hours[1]))
+    /// call of pool `keys` (where `lua/extract.lua` expects them).
+    pub(super) fn declare(&self, keys: &PoolKeys, inv: &mut super::scripts::Invocation<'_>) {
+        inv.key(keys.usage_hour(self.hours[0]))
+            .key(keys.usage_hour(self.hours[1]))
             .arg(&self.client)
             .arg(self.hours[0])
             .arg(self.hours[1])

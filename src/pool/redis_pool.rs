@@ -17,7 +17,7 @@ use redis::{FromRedisValue, RedisError};
 use super::acknowledger::{Acked, Acknowledger};
 use super::connection::{PoolConnection, RedisOptions, ScriptConnection};
 use super::error::{OutageClass, PoolError, refused_before_running};
-use super::keys;
+use super::keys::{self, PoolKeys};
 use super::new_proxy::{NewProxy, UpsertStatus};
 use super::policy::PoolPolicy;
 use super::query::{CommittedExtraction, ExtractionOutcome, ExtractionQuery};
@@ -110,7 +110,8 @@ pub const CREDENTIAL_REREAD_EVERY: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct RedisPool {
     link: Arc<RwLock<Link>>,
-    options: RedisOptions,
+    options: Arc<RedisOptions>,
+    keys: Arc<PoolKeys>,
     reread: Option<Arc<Reread>>,
     timeout: Duration,
     replica_acks: u32,
@@ -125,7 +126,7 @@ pub struct RedisPool {
 /// One rate limit for [`RedisPool::admit`] (GCRA).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limit<'a> {
-    /// The Redis key holding its state, e.g. [`keys::RATE_GLOBAL`].
+    /// The Redis key holding its state, e.g. [`PoolKeys::rate_global`].
     pub key: &'a str,
     /// Milliseconds per request at the sustained rate (may be fractional).
     pub interval_ms: f64,
@@ -165,7 +166,8 @@ impl RedisPool {
     pub fn with_options(url: &str, options: &RedisOptions) -> Result<Self, PoolError> {
         Ok(Self {
             link: Arc::new(RwLock::new(Link::open(url, options)?)),
-            options: options.clone(),
+            options: Arc::new(options.clone()),
+            keys: Arc::new(PoolKeys::new(&options.pool)),
             reread: None,
             timeout: options.timeout,
             replica_acks: options.replica_acks,
@@ -189,6 +191,11 @@ impl RedisPool {
             running: AtomicBool::new(false),
         }));
         self
+    }
+
+    /// The names of this pool's keys (its name's hash tag).
+    pub fn keys(&self) -> &PoolKeys {
+        &self.keys
     }
 
     fn link(&self) -> Link {
@@ -326,7 +333,7 @@ impl RedisPool {
     /// deployment's (readiness answers 503 naming both, as extraction would).
     async fn check_policy(&self, conn: &mut (impl ConnectionLike + Send)) -> Result<(), PoolError> {
         let recorded: Option<String> = redis::cmd("HGET")
-            .arg(keys::COUNTS)
+            .arg(self.keys.counts())
             .arg("meta")
             .query_async(conn)
             .await?;
@@ -398,7 +405,7 @@ impl RedisPool {
     /// idempotency record in one atomic call (repeated while it answers
     /// "again", at most [`MAX_EXTRACT_ROUNDS`] calls).
     pub async fn extract(&self, q: &ExtractionQuery<'_>) -> Result<ExtractionOutcome, PoolError> {
-        let mut inv = scripts::with_pool_keys(&scripts::EXTRACT, &self.options.policy);
+        let mut inv = scripts::with_pool_keys(&scripts::EXTRACT, &self.keys, &self.options.policy);
         let sel = &q.selection;
         let filtered = !sel.protocols.is_empty()
             || !sel.regions.is_empty()
@@ -432,7 +439,7 @@ impl RedisPool {
                 .arg(if self.replica_acks > 0 { "1" } else { "0" });
         }
         if let Some(usage) = &q.usage {
-            usage.declare(&mut inv);
+            usage.declare(&self.keys, &mut inv);
         }
         // Repeating the script after a dropped connection is only safe when
         // the idempotency record can tell whether the first attempt committed.
@@ -532,7 +539,7 @@ impl RedisPool {
         if batch.is_empty() || batch.len() > MAX_UPSERT_BATCH {
             return Err(PoolError::Internal("upsert batch size out of range".into()));
         }
-        let mut inv = scripts::with_pool_keys(&scripts::UPSERT, &self.options.policy);
+        let mut inv = scripts::with_pool_keys(&scripts::UPSERT, &self.keys, &self.options.policy);
         for p in batch {
             inv.arg(p.to_script_arg()?);
         }

@@ -25,7 +25,7 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, Script, ScriptInvocation, ToRedisArgs};
 
-use super::keys;
+use super::keys::PoolKeys;
 use super::policy::PoolPolicy;
 
 /// The prelude, in the order its parts build on each other.
@@ -136,7 +136,7 @@ impl Source {
 /// The version of the public contract library, in its name
 /// (`proxy_pool_v<N>`) and its functions' (`proxy_pool_v<N>_contract`).
 /// It must change whenever a public function's KEYS, ARGV, reply or errors
-/// change, or the pool layout ([`keys::LAYOUT`]) does: a caller written
+/// change, or the pool layout ([`keys::LAYOUT`](super::keys::LAYOUT)) does: a caller written
 /// for one version then finds no function rather than one that misreads
 /// its arguments. Two builds with the same version may replace each
 /// other's public library (`FUNCTION LOAD REPLACE`); that is harmless by
@@ -373,11 +373,15 @@ pub fn extract_names() -> [&'static str; 2] {
     [EXTRACT.function.as_str(), EXTRACT.eval.get_hash()]
 }
 
-/// An invocation of a pool script with the pool keys declared and the
-/// caller's pool policy as its first argument.
-pub(super) fn with_pool_keys<'a>(script: &'a LuaScript, policy: &PoolPolicy) -> Invocation<'a> {
+/// An invocation of a pool script with the keys of pool `keys` declared
+/// and the caller's pool policy as its first argument.
+pub(super) fn with_pool_keys<'a>(
+    script: &'a LuaScript,
+    keys: &PoolKeys,
+    policy: &PoolPolicy,
+) -> Invocation<'a> {
     let mut inv = script.prepare_invoke();
-    for key in keys::POOL {
+    for key in keys.pool() {
         inv.key(key);
     }
     inv.arg(policy.script_arg());

@@ -16,7 +16,6 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::error::PoolError;
-use super::keys;
 use super::query::{HOUR_S, hour_of};
 use super::redis_pool::RedisPool;
 use super::scripts;
@@ -206,7 +205,7 @@ impl RedisPool {
         let raw: HashMap<String, String> = self
             .bounded(async {
                 Ok(redis::cmd("HGETALL")
-                    .arg(keys::USAGE_UNFLUSHED)
+                    .arg(self.keys().usage_unflushed())
                     .query_async(&mut conn)
                     .await?)
             })
@@ -232,7 +231,7 @@ impl RedisPool {
         hours.dedup();
         let mut inv = scripts::USAGE_BACKLOG.prepare_invoke();
         for hour in &hours {
-            inv.key(keys::usage_hour(*hour)).arg(*hour);
+            inv.key(self.keys().usage_hour(*hour)).arg(*hour);
         }
         inv.arg(CLOSE_GRACE_S);
         let (now, closed, open): (String, Vec<i64>, u32) = self.invoke(&inv, true).await?;
@@ -248,7 +247,7 @@ impl RedisPool {
 
     /// One hour's counters (`HSCAN`, a page per call, each call bounded).
     pub async fn usage_hour(&self, hour: i64) -> Result<HourUsage, PoolError> {
-        let key = keys::usage_hour(hour);
+        let key = self.keys().usage_hour(hour);
         // A closed hour no longer changes, but HSCAN may repeat a field.
         let mut fields: HashMap<String, String> = HashMap::new();
         let mut cursor = 0u64;
@@ -284,10 +283,10 @@ impl RedisPool {
         self.bounded(async {
             let _: () = redis::pipe()
                 .cmd("UNLINK")
-                .arg(keys::usage_hour(hour))
+                .arg(self.keys().usage_hour(hour))
                 .ignore()
                 .cmd("HDEL")
-                .arg(keys::USAGE_UNFLUSHED)
+                .arg(self.keys().usage_unflushed())
                 .arg(hour)
                 .ignore()
                 .query_async(&mut conn)
@@ -311,13 +310,13 @@ impl RedisPool {
         let mut pipe = redis::pipe();
         for (hour, calls, proxies) in marks {
             pipe.cmd("HSET")
-                .arg(keys::USAGE_UNFLUSHED)
+                .arg(self.keys().usage_unflushed())
                 .arg(*hour)
                 .arg(format!("{calls} {proxies}"))
                 .ignore();
         }
         pipe.cmd("EXPIRE")
-            .arg(keys::USAGE_UNFLUSHED)
+            .arg(self.keys().usage_unflushed())
             .arg(keep.as_secs().max(1))
             .ignore();
         let mut conn = self.connection();

@@ -5,7 +5,7 @@ use lambda_http::http::{HeaderName, HeaderValue};
 
 use super::Identity;
 use crate::httpapi::Problem;
-use crate::pool::{Limit, PoolError, RedisPool, keys};
+use crate::pool::{Limit, PoolError, RedisPool};
 
 /// A limit: a sustained rate with a burst allowance.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -109,14 +109,14 @@ impl RateLimiter {
         if let Some(rate) = self.global {
             applied.push(Applied {
                 name: "global",
-                key: keys::RATE_GLOBAL.to_owned(),
+                key: self.pool.keys().rate_global().to_owned(),
                 rate,
             });
         }
         if let Some(rate) = identity.rate.or(self.client_default) {
             applied.push(Applied {
                 name: "client",
-                key: keys::rate_client(&identity.rate_key),
+                key: self.pool.keys().rate_client(&identity.rate_key),
                 rate,
             });
         }

@@ -14,7 +14,8 @@ use crate::output::{self, say};
 
 /// `aggregates flush`.
 pub async fn flush(args: FlushArgs) -> CliResult {
-    let (config, aggregates) = database(&args.database).await?;
+    let (mut config, aggregates) = database(&args.database).await?;
+    config.pool_name = args.pool.pool_name.clone();
     let pool = RedisPool::with_options(&args.pool.redis_url, &config.redis_options())?;
     let report = aggregates.flush(&pool).await;
     if args.json {

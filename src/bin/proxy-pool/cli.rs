@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use proxy_pool::local::PoolShape;
+use proxy_pool::pool::PoolName;
 
 use crate::bench::{FilterSet, parse_size};
 use crate::inventory::Dimension;
@@ -220,6 +221,9 @@ pub struct ServeArgs {
     /// Redis holding the pool (default: PROXY_POOL_REDIS_URL, else a private one).
     #[arg(long, env = "PROXY_POOL_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+    /// The pool's name: its keys' hash tag (1-32 of A-Z a-z 0-9 _ -).
+    #[arg(long, env = "PROXY_POOL_NAME", default_value = PoolName::DEFAULT)]
+    pub pool_name: PoolName,
     /// Demo proxies loaded into the private Redis.
     #[arg(long, default_value_t = 300)]
     pub demo_size: usize,
@@ -250,6 +254,9 @@ pub struct PoolArgs {
     /// Redis holding the pool.
     #[arg(long, env = "PROXY_POOL_REDIS_URL", hide_env_values = true)]
     pub redis_url: String,
+    /// The pool's name: its keys' hash tag (1-32 of A-Z a-z 0-9 _ -).
+    #[arg(long, env = "PROXY_POOL_NAME", default_value = PoolName::DEFAULT)]
+    pub pool_name: PoolName,
 }
 
 /// `stats`.

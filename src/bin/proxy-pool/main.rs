@@ -73,7 +73,8 @@ async fn main() -> ExitCode {
 /// The settings and a pool over the given Redis, connected as every
 /// command connects (cluster mode, CA file, timeouts from the environment).
 fn operator_pool(args: &PoolArgs) -> Result<(Config, RedisPool), Box<dyn std::error::Error>> {
-    let config = Config::from_env()?;
+    let mut config = Config::from_env()?;
+    config.pool_name = args.pool_name.clone();
     let pool = RedisPool::with_options(&args.redis_url, &config.redis_options())?;
     Ok((config, pool))
 }

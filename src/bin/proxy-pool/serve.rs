@@ -23,6 +23,7 @@ use crate::credentials::new_secret;
 /// Runs `serve` until Ctrl-C or SIGTERM, then drains open requests.
 pub async fn run(args: ServeArgs) -> CliResult {
     let mut config = Config::from_env()?;
+    config.pool_name = args.pool_name.clone();
     let store = startup::secret_store(&config).await;
     let from_environment = args.redis_url.is_none();
     let configured = match args.redis_url {

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use proxy_pool::local::{PoolShape, synthetic_proxy};
-use proxy_pool::pool::{NewProxy, PoolError, UpsertStatus, keys};
+use proxy_pool::pool::{NewProxy, PoolError, UpsertStatus};
 use proxy_pool::security::RedisRegistry;
 use proxy_pool::security::credentials::CredentialHash;
 use tokio::task::JoinSet;
@@ -135,7 +135,7 @@ impl Bench {
     /// Tops the index up to `target` entries.
     pub(super) async fn top_up(&self, target: usize) -> Result<(), BenchError> {
         let have: usize = redis::cmd("ZCARD")
-            .arg(keys::INDEX)
+            .arg(self.pool.keys().index())
             .query_async(&mut self.conn.clone())
             .await?;
         if have < target {

@@ -33,7 +33,6 @@ use std::time::{Duration, Instant};
 
 use lambda_http::http::{Request, StatusCode};
 use proxy_pool::distribution::EXTRACT_PATH;
-use proxy_pool::pool::keys;
 use proxy_pool::scheduled;
 use proxy_pool::security::PeerAddr;
 use serde::Serialize;
@@ -187,7 +186,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
     let fill_seconds = started.elapsed().as_secs_f64();
     let fill_end_ms = proxy_pool::clock::now_ms();
     let indexed: u64 = redis::cmd("ZCARD")
-        .arg(keys::INDEX)
+        .arg(bench.pool.keys().index())
         .query_async(&mut bench.conn.clone())
         .await?;
     if fill_end_ms + (stall.lead_seconds as i64) * 1000 >= stall_ms || indexed != n as u64 {
@@ -240,11 +239,11 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
         let mut conn = bench.conn.clone();
         let (backlog, eligible): (u64, u64) = redis::pipe()
             .cmd("ZCOUNT")
-            .arg(keys::DUE)
+            .arg(bench.pool.keys().due())
             .arg("-inf")
             .arg(now)
             .cmd("ZCOUNT")
-            .arg(keys::DUE)
+            .arg(bench.pool.keys().due())
             .arg(format!("({now}"))
             .arg("(10000000000000")
             .query_async(&mut conn)

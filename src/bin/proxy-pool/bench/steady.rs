@@ -41,7 +41,7 @@ use lambda_http::http::Request;
 use proxy_pool::clock::now_ms;
 use proxy_pool::distribution::EXTRACT_PATH;
 use proxy_pool::local::{PoolShape, synthetic_proxy};
-use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, RedisOptions, RedisPool, Verdict, keys};
+use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, RedisOptions, RedisPool, Verdict};
 use proxy_pool::scheduled;
 use proxy_pool::security::PeerAddr;
 use serde::Serialize;
@@ -483,11 +483,11 @@ async fn sample_redis(bench: &Bench) -> Result<RedisSample, BenchError> {
         .await?;
     let (backlog, records): (u64, u64) = redis::pipe()
         .cmd("ZCOUNT")
-        .arg(keys::DUE)
+        .arg(bench.pool.keys().due())
         .arg("-inf")
         .arg(now_ms())
         .cmd("HLEN")
-        .arg(keys::RECORDS)
+        .arg(bench.pool.keys().records())
         .query_async(&mut conn)
         .await?;
     Ok(RedisSample {
