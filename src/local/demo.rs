@@ -146,6 +146,12 @@ impl std::fmt::Display for PoolShape {
 )]
 pub struct ShapeError;
 
+/// The id of the `seq`th synthetic proxy ([`synthetic_proxy`]), so that
+/// writers driving a synthetic pool (health results, claims) name it.
+pub fn synthetic_id(seq: usize) -> String {
+    format!("proxy-{seq:010}")
+}
+
 /// The synthetic proxy number `seq` of a pool of `shape`: its combination
 /// round-robin (protocol varies fastest, then region, carrier, upstream),
 /// a TEST-NET-2 address, healthy as of `now_ms`, expiring 15 to 45 minutes
@@ -158,7 +164,7 @@ pub fn synthetic_proxy(seq: usize, now_ms: i64, shape: PoolShape) -> NewProxy {
     let mix = (seq as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
     let expires_at = now_ms + 900_000 + (mix % 1_800_000) as i64;
     NewProxy {
-        id: format!("proxy-{seq:010}"),
+        id: synthetic_id(seq),
         protocol: shape.protocol(protocol).into(),
         host: format!("198.51.100.{}", seq % 254 + 1),
         port: 10_000 + (seq % 50_000) as u16,

@@ -6,6 +6,6 @@ mod demo;
 mod redis_server;
 mod relay;
 
-pub use demo::{PoolShape, ShapeError, demo_proxies, synthetic_proxy};
+pub use demo::{PoolShape, ShapeError, demo_proxies, synthetic_id, synthetic_proxy};
 pub use redis_server::{LocalError, RedisServer, TlsFiles, free_port};
 pub use relay::{Armed, Cut, Relay, replicas_acknowledge};

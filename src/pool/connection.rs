@@ -23,7 +23,7 @@ use redis::{
 use tokio::sync::OnceCell;
 
 use super::error::PoolError;
-use super::keys::{PoolKeys, PoolName};
+use super::keys::PoolName;
 use super::policy::PoolPolicy;
 
 /// How to reach Redis: everything [`super::RedisPool`] needs besides the URL.
@@ -226,7 +226,7 @@ impl PoolConnection {
             let lazy = Arc::new(LazyCluster {
                 client,
                 conn: OnceCell::new(),
-                hash_tag: PoolKeys::new(&options.pool).hash_tag().to_owned(),
+                hash_tag: options.pool.hash_tag(),
             });
             let opener = DirectOpener {
                 client: single_client(seed, certificates)?,

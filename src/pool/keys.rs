@@ -66,7 +66,11 @@ pub const USAGE_UNFLUSHED: &str = "{pp}:usage:unflushed";
 /// `HASH` of one hour's usage counters (`lua/extract.lua`, step 6), by the
 /// Unix second its hour starts at.
 pub fn usage_hour(hour_start_s: i64) -> String {
-    format!("{HASH_TAG}:usage:{hour_start_s}")
+    usage_hour_under(HASH_TAG, hour_start_s)
+}
+
+fn usage_hour_under(hash_tag: &str, hour_start_s: i64) -> String {
+    format!("{hash_tag}:usage:{hour_start_s}")
 }
 /// `HASH` `"<kind>:<hex sha256>"` -> client id: every credential digest of
 /// the Redis client registry (`kind` is `apiKey`, `bearer` or `basic`).
@@ -80,8 +84,12 @@ pub const RATE_GLOBAL: &str = "{pp}:rl:global";
 
 /// `STRING`: one client's rate limit state (client id hashed).
 pub fn rate_client(client_id: &str) -> String {
+    rate_client_under(HASH_TAG, client_id)
+}
+
+fn rate_client_under(hash_tag: &str, client_id: &str) -> String {
     format!(
-        "{HASH_TAG}:rl:client:{}",
+        "{hash_tag}:rl:client:{}",
         hex::encode(Sha256::digest(client_id.as_bytes()))
     )
 }
@@ -116,6 +124,11 @@ impl PoolName {
     /// The name as given.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The hash tag every key of the pool starts with: `{<name>}`.
+    pub fn hash_tag(&self) -> String {
+        format!("{{{}}}", self.0)
     }
 }
 
@@ -154,7 +167,7 @@ pub struct PoolKeys {
 impl PoolKeys {
     /// The keys of pool `name`.
     pub fn new(name: &PoolName) -> Self {
-        let tag = format!("{{{name}}}");
+        let tag = name.hash_tag();
         let key = |suffix: &str| format!("{tag}:{suffix}");
         Self {
             pool: ["rec", "due", "ax", "hd", "cnt", "idem", "idemx"]
@@ -204,7 +217,7 @@ impl PoolKeys {
 
     /// One hour's usage counters, as [`usage_hour`].
     pub fn usage_hour(&self, hour_start_s: i64) -> String {
-        format!("{}:usage:{hour_start_s}", self.hash_tag)
+        usage_hour_under(&self.hash_tag, hour_start_s)
     }
 
     /// The registry's credential digests, as [`CLIENT_CREDENTIALS`].
@@ -224,11 +237,7 @@ impl PoolKeys {
 
     /// One client's rate limit state, as [`rate_client`].
     pub fn rate_client(&self, client_id: &str) -> String {
-        format!(
-            "{}:rl:client:{}",
-            self.hash_tag,
-            hex::encode(Sha256::digest(client_id.as_bytes()))
-        )
+        rate_client_under(&self.hash_tag, client_id)
     }
 }
 

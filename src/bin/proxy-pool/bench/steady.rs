@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use lambda_http::http::Request;
 use proxy_pool::clock::now_ms;
 use proxy_pool::distribution::EXTRACT_PATH;
-use proxy_pool::local::{PoolShape, synthetic_proxy};
+use proxy_pool::local::{PoolShape, synthetic_id, synthetic_proxy};
 use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, RedisOptions, RedisPool, Verdict};
 use proxy_pool::scheduled;
 use proxy_pool::security::PeerAddr;
@@ -689,7 +689,7 @@ async fn health_checker(
                 let mix =
                     (at ^ pass.wrapping_mul(0x9e37_79b9)).wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40;
                 ContractOp::Health {
-                    id: format!("proxy-{:010}", ids.start + at),
+                    id: synthetic_id((ids.start + at) as usize),
                     ok: (mix % 10_000) as f64 >= fail * 10_000.0,
                     checked_at: None,
                 }
@@ -722,7 +722,7 @@ async fn workers(
     while !stop.load(Ordering::Relaxed) {
         for _ in 0..pace.next().await {
             k += 1;
-            let id = format!("proxy-{:010}", ids.start + k.wrapping_mul(7_919) % size);
+            let id = synthetic_id((ids.start + k.wrapping_mul(7_919) % size) as usize);
             let claim = ContractOp::Claim {
                 id: id.clone(),
                 worker: WORKER.into(),

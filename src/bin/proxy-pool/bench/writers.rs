@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use proxy_pool::clock::now_ms;
-use proxy_pool::local::synthetic_proxy;
+use proxy_pool::local::{synthetic_id, synthetic_proxy};
 use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, NewProxy};
 use serde::Serialize;
 
@@ -73,7 +73,7 @@ impl Bench {
             })
             .await?;
         let health = |seq: usize| ContractOp::Health {
-            id: format!("proxy-{seq:010}"),
+            id: synthetic_id(seq),
             ok: true,
             checked_at: None,
         };
