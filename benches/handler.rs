@@ -28,7 +28,7 @@ use proxy_pool::distribution::{self, App, EXTRACT_PATH};
 use proxy_pool::extraction::{ExtractRequest, IdempotencyKey};
 use proxy_pool::httpapi::{RequestId, json_response};
 use proxy_pool::local::{PoolShape, RedisServer, synthetic_proxy};
-use proxy_pool::pool::{CommittedExtraction, Fulfillment, RedisPool};
+use proxy_pool::pool::{CommittedExtraction, Fulfillment, PoolContract, RedisPool};
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{
     AuthSchemes, ClientRegistry, Guard, IdentityResolver, PeerAddr, RedisRegistry, RegistryHandle,
@@ -272,7 +272,8 @@ fn redis_identity(c: &mut Criterion, keyed_request: &Request<Body>) {
             .map(|i| synthetic_proxy(i, now, PoolShape::SMALL))
             .collect();
         next_proxy += 20_000;
-        rt.block_on(pool.upsert(&batch)).expect("a pool");
+        rt.block_on(PoolContract::new(&pool).upsert(&batch))
+            .expect("a pool");
     };
     refill();
     c.bench_function("extract/count1_anonymous", |b| {

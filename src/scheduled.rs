@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::aggregates::{Aggregates, FlushReport};
-use crate::pool::{PoolError, PruneReport, RedisPool};
+use crate::pool::{Maintenance, PoolError, PruneReport, RedisPool};
 
 /// CloudWatch namespace of every metric the health check emits.
 pub const METRICS_NAMESPACE: &str = "ProxyPool";
@@ -76,11 +76,12 @@ pub async fn run(
 ) -> Result<HealthCheckReport, PoolError> {
     let started = Instant::now();
     pool.ping().await?;
-    pool.load_maintenance_scripts().await?;
-    let pruned = pool
+    let maintenance = Maintenance::new(pool);
+    maintenance.load_scripts().await?;
+    let pruned = maintenance
         .prune_expired(PRUNE_BATCH, u32::MAX, Some(PRUNE_BUDGET))
         .await?;
-    let inventory = pool.inventory().await?;
+    let inventory = maintenance.inventory().await?;
     let checked_at = inventory.at_ms;
     let held_by_workers = inventory.held;
 

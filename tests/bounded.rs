@@ -19,7 +19,9 @@ use common::pools::{
     CARRIERS, UPSTREAMS, city_pool, command_calls, commands_for, load_all, script_calls, zcard,
 };
 use common::{Harness, app_over, extract_as, now_ms, proxies, proxy};
-use proxy_pool::pool::{NewProxy, OutageClass, PoolPolicy, RedisOptions, RedisPool, keys};
+use proxy_pool::pool::{
+    Maintenance, NewProxy, OutageClass, PoolContract, PoolPolicy, RedisOptions, RedisPool, keys,
+};
 use proxy_pool::security::Rate;
 
 /// A list of JSON strings.
@@ -439,7 +441,10 @@ async fn a_stale_backlog_is_answered_and_every_round_progresses() {
     );
 
     // The backlog: counted, not eligible, and drained in bounded calls.
-    let report = h.pool.prune_expired(128, u32::MAX, None).await.unwrap();
+    let report = Maintenance::new(&h.pool)
+        .prune_expired(128, u32::MAX, None)
+        .await
+        .unwrap();
     assert_eq!(report.index_entries, 100_000);
     assert!(report.batches as u64 >= 100_000 / 128);
     assert_eq!(zcard(&h, keys::INDEX).await, 2_998);
@@ -486,7 +491,10 @@ async fn a_deployment_with_another_policy_refuses_loudly() {
         ready.header("readiness-reasons"),
         Some("pool-policy-mismatch")
     );
-    let refused = other.upsert(&proxies("q", 1)).await.unwrap_err();
+    let refused = PoolContract::new(&other)
+        .upsert(&proxies("q", 1))
+        .await
+        .unwrap_err();
     assert_eq!(refused.outage_class(), Some(OutageClass::Policy));
 
     // The recorded deployment is untouched by any of it.
@@ -539,7 +547,10 @@ async fn a_pool_of_another_layout_is_refused_loudly() {
         ready.header("readiness-reasons"),
         Some("pool-layout-mismatch")
     );
-    let refused = h.pool.upsert(&proxies("q", 1)).await.unwrap_err();
+    let refused = PoolContract::new(&h.pool)
+        .upsert(&proxies("q", 1))
+        .await
+        .unwrap_err();
     assert_eq!(refused.outage_class(), Some(OutageClass::Layout));
     assert_eq!(h.snapshot().await, before);
 }

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{Harness, now_ms, proxies, proxy};
-use proxy_pool::pool::{ContractOp, RedisPool, Verdict};
+use proxy_pool::pool::{ContractOp, Maintenance, PoolContract, RedisPool, Verdict};
 
 fn claim(id: &str, worker: &str) -> ContractOp {
     ContractOp::Claim {
@@ -21,7 +21,7 @@ fn claim(id: &str, worker: &str) -> ContractOp {
 }
 
 async fn verdict(pool: &RedisPool, op: ContractOp) -> (Verdict, u64) {
-    let r = pool.apply(&op).await.unwrap();
+    let r = PoolContract::new(pool).apply(&op).await.unwrap();
     (r.verdict, r.epoch)
 }
 
@@ -70,7 +70,7 @@ async fn ownership_lifecycle_with_fencing() {
     );
     assert_eq!(verdict(pool, ack("w1", 1, 0, 0)).await.0, Verdict::Ok);
     // Drained with Active = Reserved = 0: allocatable again (rule 2)...
-    let inventory = pool.inventory().await.unwrap();
+    let inventory = Maintenance::new(pool).inventory().await.unwrap();
     assert_eq!(inventory.held, 0);
     // ...and once ownership is cleared, the old holder is fenced off.
     assert_eq!(verdict(pool, release("w1", 1)).await, (Verdict::Ok, 2));
@@ -78,7 +78,7 @@ async fn ownership_lifecycle_with_fencing() {
     assert_eq!(verdict(pool, release("w1", 1)).await.0, Verdict::NotOwner);
     assert_eq!(verdict(pool, claim("p1", "w2")).await, (Verdict::Ok, 3));
     assert_eq!(verdict(pool, drain("w1", 2)).await.0, Verdict::NotOwner);
-    assert_eq!(pool.inventory().await.unwrap().held, 1);
+    assert_eq!(Maintenance::new(pool).inventory().await.unwrap().held, 1);
 }
 
 /// A DRAINED proxy (Active = Reserved = 0) can be extracted; once extracted,
@@ -191,7 +191,10 @@ async fn claims_and_extractions_never_overlap() {
             // both sides get some, and they meet in the middle.
             for i in (0..n).rev().skip(w % 2).step_by(2) {
                 let id = format!("c-{i:04}");
-                let r = pool.apply(&claim(&id, &format!("w{w}"))).await.unwrap();
+                let r = PoolContract::new(&pool)
+                    .apply(&claim(&id, &format!("w{w}")))
+                    .await
+                    .unwrap();
                 if r.verdict == Verdict::Ok {
                     claimed.push(id);
                 }
@@ -225,7 +228,7 @@ async fn claims_and_extractions_never_overlap() {
     assert!(claimed.is_disjoint(&extracted));
     assert!(!claimed.is_empty() && !extracted.is_empty());
     assert!(claimed.len() + extracted.len() <= n);
-    let held = h.pool.inventory().await.unwrap().held;
+    let held = Maintenance::new(&h.pool).inventory().await.unwrap().held;
     assert_eq!(held as usize, claimed.len());
 }
 
@@ -294,7 +297,10 @@ async fn a_pool_left_alone_is_emptied_by_the_prune() {
     while now_ms() <= until {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let report = pool.prune_expired(1000, 10, None).await.unwrap();
+    let report = Maintenance::new(pool)
+        .prune_expired(1000, 10, None)
+        .await
+        .unwrap();
     assert!(report.complete && report.records > 0, "{report:?}");
     let mut conn = h.redis().await;
     let left: Vec<String> = redis::cmd("KEYS")

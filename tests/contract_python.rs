@@ -17,7 +17,8 @@ use common::{Captured, Harness, now_ms};
 use proxy_pool::clock::rfc3339;
 use proxy_pool::local::{RedisServer, demo_proxies};
 use proxy_pool::pool::{
-    ContractOp, UpsertStatus, Verdict, contract_functions, contract_library, keys,
+    ContractOp, Maintenance, PoolContract, UpsertStatus, Verdict, contract_functions,
+    contract_library, keys,
 };
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
@@ -130,8 +131,7 @@ async fn a_python_client_drives_the_contract_the_rust_side_sees() {
     let fields: Vec<&str> = raw.split('\t').collect();
     assert_eq!(fields[5], epoch.to_string(), "the record's epoch");
     assert_eq!(fields[8], "", "no owner");
-    let late = h
-        .pool
+    let late = PoolContract::new(&h.pool)
         .apply(&ContractOp::Release {
             id: target.into(),
             worker: claimed["worker"].as_str().unwrap().into(),
@@ -142,7 +142,7 @@ async fn a_python_client_drives_the_contract_the_rust_side_sees() {
     assert_eq!((late.verdict, late.epoch), (Verdict::NotOwner, epoch));
 
     // The inventory Python counted is the Rust side's.
-    let inventory = h.pool.inventory().await.unwrap();
+    let inventory = Maintenance::new(&h.pool).inventory().await.unwrap();
     let eligible: u64 = inventory.buckets.iter().map(|b| b.eligible).sum();
     assert_eq!(eligible, summary["eligible"].as_u64().unwrap());
     assert_eq!(eligible as usize, passed.len() + 1);
@@ -252,7 +252,7 @@ async fn the_functions_command_prepares_a_fresh_redis() {
 #[tokio::test]
 async fn the_scheduled_job_loads_a_missing_public_library() {
     let h = Harness::start().await;
-    h.pool.load_maintenance_scripts().await.unwrap();
+    Maintenance::new(&h.pool).load_scripts().await.unwrap();
     assert_eq!(listed(&h.redis.url(), contract_library()).await, 1);
     let mut conn = h.redis().await;
     let _: () = redis::cmd("FUNCTION")
@@ -263,7 +263,7 @@ async fn the_scheduled_job_loads_a_missing_public_library() {
         .unwrap();
     assert_eq!(listed(&h.redis.url(), contract_library()).await, 0);
     assert_eq!(listed(&h.redis.url(), "proxy_pool_*").await, 1);
-    h.pool.load_maintenance_scripts().await.unwrap();
+    Maintenance::new(&h.pool).load_scripts().await.unwrap();
     assert_eq!(listed(&h.redis.url(), contract_library()).await, 1);
 }
 

@@ -20,8 +20,8 @@ use common::{Reply, app_over, certificates, extract_as, proxies, proxy, test_con
 use proxy_pool::distribution::App;
 use proxy_pool::local::{Armed, RedisServer, Relay, TlsFiles};
 use proxy_pool::pool::{
-    ExtractionOutcome, ExtractionQuery, Fulfillment, PoolError, PoolKeys, PoolName, PutMode,
-    RedisPool, Selection, StoredClient, keys,
+    ClientStore, ExtractionOutcome, ExtractionQuery, Extractor, Fulfillment, Maintenance,
+    PoolContract, PoolError, PoolKeys, PoolName, PutMode, RedisPool, Selection, StoredClient, keys,
 };
 use proxy_pool::security::Rate;
 use redis::aio::MultiplexedConnection;
@@ -158,7 +158,10 @@ async fn works_on_a_redis_cluster() {
     let app = app_over(&config, pool.clone());
 
     assert_eq!(ready(&app).await.status, 200);
-    pool.upsert(&proxies("cl", 10)).await.unwrap();
+    PoolContract::new(&pool)
+        .upsert(&proxies("cl", 10))
+        .await
+        .unwrap();
 
     let me = "127.0.0.1:1";
     let key = [("idempotency-key", "cluster-0001")];
@@ -234,7 +237,10 @@ async fn named_pool(
     let pool = RedisPool::with_options(url, &config.redis_options()).unwrap();
     assert_eq!(pool.keys(), &PoolKeys::new(&config.pool_name));
     let app = app_over(&config, pool.clone());
-    pool.upsert(&proxies(prefix, n)).await.unwrap();
+    PoolContract::new(&pool)
+        .upsert(&proxies(prefix, n))
+        .await
+        .unwrap();
     (pool, app)
 }
 
@@ -285,7 +291,14 @@ async fn named_pools_share_a_cluster_on_their_own_masters() {
     for (app, pool) in [(&eu_app, &eu), (&ap_app, &ap)] {
         let rest = extract_as(app, r#"{"count":10}"#, &[], me).await;
         assert_eq!((rest.status, rest.ids().len()), (200, 0), "{}", rest.body);
-        assert!(pool.inventory().await.unwrap().buckets.is_empty());
+        assert!(
+            Maintenance::new(pool)
+                .inventory()
+                .await
+                .unwrap()
+                .buckets
+                .is_empty()
+        );
     }
 
     // Each pool's keys (records, counts, rate limits, ...) on its master only.
@@ -319,7 +332,7 @@ async fn named_pools_on_one_redis_are_separate() {
     let (a, a_app) = named_pool(&server.url(), false, "pp", "a", 3).await;
     let (b, b_app) = named_pool(&server.url(), false, "tenant-b", "b", 5).await;
     let eligible = |pool: RedisPool| async move {
-        let inventory = pool.inventory().await.unwrap();
+        let inventory = Maintenance::new(&pool).inventory().await.unwrap();
         inventory.buckets.iter().map(|b| b.eligible).sum::<u64>()
     };
     assert_eq!(eligible(a.clone()).await, 3);
@@ -343,9 +356,12 @@ async fn named_pools_on_one_redis_are_separate() {
         entry: "{}".into(),
         credentials: vec!["apiKey:00".into()],
     };
-    a.put_clients(PutMode::Add, &[client]).await.unwrap();
-    assert_eq!(a.client_entries().await.unwrap().len(), 1);
-    assert!(b.client_entries().await.unwrap().is_empty());
+    ClientStore::new(&a)
+        .put(PutMode::Add, &[client])
+        .await
+        .unwrap();
+    assert_eq!(ClientStore::new(&a).entries().await.unwrap().len(), 1);
+    assert!(ClientStore::new(&b).entries().await.unwrap().is_empty());
 
     let found = all_keys(&server.url()).await;
     for pool in [&a, &b] {
@@ -388,7 +404,10 @@ async fn an_older_redis_is_refused_by_name() {
         matches!(&err, PoolError::Unavailable(why) if why.detail.contains("6.2.14") && why.detail.contains("7.0")),
         "{err}"
     );
-    let err = pool.upsert(&[proxy("old-1")]).await.unwrap_err();
+    let err = PoolContract::new(&pool)
+        .upsert(&[proxy("old-1")])
+        .await
+        .unwrap_err();
     assert!(matches!(err, PoolError::Unavailable(_)), "{err}");
     let app = app_over(&test_config(), pool.clone());
     let r = extract_as(&app, r#"{"count":1}"#, &[], "127.0.0.1:40000").await;
@@ -429,7 +448,10 @@ async fn works_over_tls_with_a_private_ca() {
     let pool = RedisPool::with_options(&url, &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
     assert_eq!(ready(&app).await.status, 200);
-    pool.upsert(&proxies("tls", 4)).await.unwrap();
+    PoolContract::new(&pool)
+        .upsert(&proxies("tls", 4))
+        .await
+        .unwrap();
     let key = [("idempotency-key", "tls-key-0001")];
     let first = extract_as(&app, r#"{"count":2}"#, &key, "127.0.0.1:1").await;
     assert_eq!(first.ids(), ["tls-0000", "tls-0001"]);
@@ -507,7 +529,10 @@ async fn replica_acknowledgement_before_answering() {
     config.replica_ack_timeout = Duration::from_millis(200);
     let pool = RedisPool::with_options(&primary.url(), &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
-    pool.upsert(&proxies("rep", 6)).await.unwrap();
+    PoolContract::new(&pool)
+        .upsert(&proxies("rep", 6))
+        .await
+        .unwrap();
     let me = "127.0.0.1:1";
 
     // Acknowledged: the replica holds the tombstones the moment we answer.
@@ -631,7 +656,10 @@ async fn cluster_pool(
     config.redis_cluster = true;
     let pool = RedisPool::with_options(&urls.join(","), &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
-    pool.upsert(&proxies(prefix, n)).await.unwrap();
+    PoolContract::new(&pool)
+        .upsert(&proxies(prefix, n))
+        .await
+        .unwrap();
     (pool, app)
 }
 
@@ -659,7 +687,10 @@ async fn the_function_library_is_loaded_once() {
     let pool = RedisPool::with_options(&server.url(), &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
     assert_eq!(ready(&app).await.status, 200);
-    pool.upsert(&proxies("fn", 20)).await.unwrap();
+    PoolContract::new(&pool)
+        .upsert(&proxies("fn", 20))
+        .await
+        .unwrap();
     let me = "127.0.0.1:1";
     let before = calls_on(&server.url()).await;
     for i in 0..5 {
@@ -776,7 +807,10 @@ async fn functions_can_be_turned_off() {
     let pool = RedisPool::with_options(&server.url(), &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
     assert_eq!(ready(&app).await.status, 200);
-    pool.upsert(&proxies("off", 4)).await.unwrap();
+    PoolContract::new(&pool)
+        .upsert(&proxies("off", 4))
+        .await
+        .unwrap();
     let r = extract_as(&app, r#"{"count":2}"#, &[], "127.0.0.1:1").await;
     assert_eq!(r.ids(), ["off-0000", "off-0001"], "{}", r.body);
     assert!(!pool.uses_functions());
@@ -799,7 +833,10 @@ async fn without_functions_the_scripts_run_by_evalsha() {
         let config = test_config();
         let pool = RedisPool::with_options(&server.url(), &config.redis_options()).unwrap();
         let app = app_over(&config, pool.clone());
-        pool.upsert(&proxies("ev", 10)).await.unwrap();
+        PoolContract::new(&pool)
+            .upsert(&proxies("ev", 10))
+            .await
+            .unwrap();
         assert!(!pool.uses_functions(), "{renamed}");
         assert_eq!(ready(&app).await.status, 200);
         let me = "127.0.0.1:1";
@@ -925,7 +962,10 @@ async fn lost_reply_drill(relay: &Relay, url: &str, cluster: bool, owner: &str) 
     config.redis_cluster = cluster;
     let pool = RedisPool::with_options(url, &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
-    pool.upsert(&proxies("lr", 20)).await.unwrap();
+    PoolContract::new(&pool)
+        .upsert(&proxies("lr", 20))
+        .await
+        .unwrap();
     let me = "127.0.0.1:1";
     assert_eq!(ready(&app).await.status, 200);
     assert_eq!(
@@ -1099,7 +1139,10 @@ async fn acknowledgement_drill(fault: impl FnOnce(&Relay) -> Armed) {
     let url = format!("redis://127.0.0.1:{relay_port}/");
     let pool = RedisPool::with_options(&url, &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
-    pool.upsert(&proxies("ack", 10)).await.unwrap();
+    PoolContract::new(&pool)
+        .upsert(&proxies("ack", 10))
+        .await
+        .unwrap();
     let me = "127.0.0.1:1";
     let warm = extract_as(&app, r#"{"count":1}"#, &[], me).await;
     assert_eq!(warm.status, 200, "{}", warm.body);
@@ -1208,7 +1251,8 @@ async fn a_reconnect_between_an_extraction_and_its_wait_confirms_nothing() {
     let url = format!("redis://127.0.0.1:{}/", service.port());
     let pool = RedisPool::with_options(&url, &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
-    pool.upsert(&proxies("race", ROUNDS * CONCURRENT))
+    PoolContract::new(&pool)
+        .upsert(&proxies("race", ROUNDS * CONCURRENT))
         .await
         .unwrap();
     for round in 0..ROUNDS {
@@ -1271,7 +1315,10 @@ async fn acknowledged_pool(
     config.replica_ack_timeout = Duration::from_millis(500);
     let pool = RedisPool::with_options(&primary.url(), &config.redis_options()).unwrap();
     let app = app_over(&config, pool.clone());
-    pool.upsert(&proxies(prefix, n)).await.unwrap();
+    PoolContract::new(&pool)
+        .upsert(&proxies(prefix, n))
+        .await
+        .unwrap();
     (primary, replica, app, pool)
 }
 
@@ -1352,7 +1399,7 @@ async fn extract_one(pool: &RedisPool, request_id: &str) -> ExtractionOutcome {
         idempotency: None,
         usage: None,
     };
-    pool.extract(&query).await.unwrap()
+    Extractor::new(pool).extract(&query).await.unwrap()
 }
 
 /// How many `WAIT`s the server has run.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{Harness, Planted, index_locators, now_ms, plant, proxies, proxy, raw_record};
 use proxy_pool::clock::parse_rfc3339;
-use proxy_pool::pool::{ContractOp, OutageClass, UpsertStatus, Verdict, keys};
+use proxy_pool::pool::{ContractOp, OutageClass, PoolContract, UpsertStatus, Verdict, keys};
 use proxy_pool::security::RegistryHandle;
 
 /// 64 concurrent extractions over 40 proxies: no proxy twice, never more
@@ -126,8 +126,7 @@ async fn ineligible_proxies_are_never_returned() {
         .collect();
     assert_eq!(got, want);
     // A fresh health result brings the stale one back.
-    let reply = h
-        .pool
+    let reply = PoolContract::new(&h.pool)
         .apply(&ContractOp::Health {
             id: "stale-health".into(),
             ok: true,
@@ -449,7 +448,7 @@ async fn a_full_redis_loses_nothing_under_volatile_or_no_eviction() {
         let mut refused = None;
         for round in 0..200 {
             let batch = proxies(&format!("fill{round}"), 100);
-            if let Err(e) = h.pool.upsert(&batch).await {
+            if let Err(e) = PoolContract::new(&h.pool).upsert(&batch).await {
                 refused = Some(e);
                 break;
             }

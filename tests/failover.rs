@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::{app_over, extract_as, proxies, test_config};
 use proxy_pool::distribution::App;
 use proxy_pool::local::{RedisServer, Relay};
-use proxy_pool::pool::RedisPool;
+use proxy_pool::pool::{PoolContract, RedisPool};
 use redis::aio::MultiplexedConnection;
 use tokio::sync::watch;
 
@@ -194,8 +194,7 @@ async fn drill(acks: u32) -> (usize, usize) {
     // The pool is loaded straight into the primary, with a set-up's
     // patience: under load, a big upsert can outlast the 1 s the service's
     // own calls are bounded by, and that bound is not what the drill tests.
-    RedisPool::new(&primary_url, Duration::from_secs(60))
-        .unwrap()
+    PoolContract::new(&RedisPool::new(&primary_url, Duration::from_secs(60)).unwrap())
         .upsert(&proxies("fo", pool_size()))
         .await
         .unwrap();

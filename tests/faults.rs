@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{Harness, Reply, extract_request, proxies, send};
 use proxy_pool::distribution::App;
-use proxy_pool::pool::{RedisPool, keys};
+use proxy_pool::pool::{PoolContract, RedisPool, keys};
 use proxy_pool::security::{PeerAddr, Rate, RegistryHandle};
 use redis::aio::MultiplexedConnection;
 
@@ -208,7 +208,10 @@ async fn invariants_hold_under_redis_faults() {
         let prefix = format!("load{n}");
         let pool = h.pool.clone();
         async move {
-            pool.upsert(&proxies(&prefix, LOAD)).await.unwrap();
+            PoolContract::new(&pool)
+                .upsert(&proxies(&prefix, LOAD))
+                .await
+                .unwrap();
         }
     };
     let mut recovery = Vec::new();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{Harness, Planted, now_ms, plant, proxies, proxy, raw_record};
 use lambda_runtime::{Context, LambdaEvent};
 use proxy_pool::lambda::{Function, FunctionError};
-use proxy_pool::pool::{PoolError, keys};
+use proxy_pool::pool::{Maintenance, PoolError, keys};
 use proxy_pool::scheduled;
 use serde_json::{Value, json};
 
@@ -80,7 +80,10 @@ async fn prune_removes_only_what_has_expired() {
         .await
         .unwrap();
 
-    let report = h.pool.prune_expired(500, 5, None).await.unwrap();
+    let report = Maintenance::new(&h.pool)
+        .prune_expired(500, 5, None)
+        .await
+        .unwrap();
     assert_eq!(
         report.records, 4,
         "gone-1, gone-2, gone-bj, tomb: {report:?}"
@@ -108,7 +111,10 @@ async fn prune_removes_only_what_has_expired() {
     assert_eq!(state.index.len(), 5, "{:?}", state.index);
 
     let before = h.snapshot().await;
-    let again = h.pool.prune_expired(500, 5, None).await.unwrap();
+    let again = Maintenance::new(&h.pool)
+        .prune_expired(500, 5, None)
+        .await
+        .unwrap();
     assert_eq!((again.records, again.index_entries), (0, 0));
     assert_eq!(h.snapshot().await, before);
 
@@ -134,12 +140,18 @@ async fn prune_is_bounded_per_call() {
         )
         .await;
     }
-    let first = h.pool.prune_expired(10, 2, None).await.unwrap();
+    let first = Maintenance::new(&h.pool)
+        .prune_expired(10, 2, None)
+        .await
+        .unwrap();
     assert_eq!(
         (first.batches, first.records, first.complete),
         (2, 20, false)
     );
-    let rest = h.pool.prune_expired(10, 10, None).await.unwrap();
+    let rest = Maintenance::new(&h.pool)
+        .prune_expired(10, 10, None)
+        .await
+        .unwrap();
     assert_eq!(rest.records, 5);
     assert!(rest.complete);
     assert_eq!(first.index_entries + rest.index_entries, 25);
@@ -189,7 +201,7 @@ async fn inventory_counts_what_extraction_could_take() {
             })
             .collect()
     };
-    let inventory = h.pool.inventory().await.unwrap();
+    let inventory = Maintenance::new(&h.pool).inventory().await.unwrap();
     assert!((inventory.at_ms - now).abs() < 60_000);
     assert_eq!(
         counts(&inventory),
@@ -200,15 +212,18 @@ async fn inventory_counts_what_extraction_could_take() {
     );
     // The clock passes `soon`'s deadline: no longer eligible, still indexed.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let inventory = h.pool.inventory().await.unwrap();
+    let inventory = Maintenance::new(&h.pool).inventory().await.unwrap();
     assert!(inventory.at_ms > soon.usable_until);
     assert_eq!(
         (inventory.buckets[0].eligible, inventory.buckets[0].indexed),
         (3, 4)
     );
-    let pruned = h.pool.prune_expired(500, 5, None).await.unwrap();
+    let pruned = Maintenance::new(&h.pool)
+        .prune_expired(500, 5, None)
+        .await
+        .unwrap();
     assert_eq!((pruned.records, pruned.index_entries), (0, 1));
-    let inventory = h.pool.inventory().await.unwrap();
+    let inventory = Maintenance::new(&h.pool).inventory().await.unwrap();
     assert_eq!(
         (inventory.buckets[0].eligible, inventory.buckets[0].indexed),
         (3, 3)
@@ -218,7 +233,7 @@ async fn inventory_counts_what_extraction_could_take() {
         .extract(r#"{"count":1,"filters":{"protocols":["http"]}}"#, &[])
         .await;
     assert_eq!(r.ids(), ["a-0000"]);
-    let after = h.pool.inventory().await.unwrap();
+    let after = Maintenance::new(&h.pool).inventory().await.unwrap();
     assert_eq!(
         (after.buckets[0].eligible, after.buckets[0].indexed),
         (2, 2)

@@ -18,8 +18,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use proxy_pool::extraction::{ExtractRequest, Filters};
 use proxy_pool::local::RedisServer;
 use proxy_pool::pool::{
-    ContractOp, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, NewProxy,
-    PoolPolicy, RedisOptions, RedisPool, Selection,
+    ContractOp, ExtractionOutcome, ExtractionQuery, Extractor, Fulfillment, IdempotencyScope,
+    NewProxy, PoolContract, PoolPolicy, RedisOptions, RedisPool, Selection,
 };
 
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
@@ -291,7 +291,7 @@ async fn step(
                     }
                 })
                 .collect();
-            let (statuses, now) = pool.upsert_batch(&batch).await.unwrap();
+            let (statuses, now) = PoolContract::new(pool).upsert_batch(&batch).await.unwrap();
             prop_assert_eq!(statuses, model.upsert(&batch, now), "step {}: {:?}", n, op);
         }
         Op::Extract {
@@ -342,7 +342,7 @@ async fn step(
                 }),
                 usage: None,
             };
-            let real = pool.extract(&query).await.unwrap();
+            let real = Extractor::new(pool).extract(&query).await.unwrap();
             let now = match &real {
                 ExtractionOutcome::Committed(c) => c.extracted_at,
                 ExtractionOutcome::Insufficient { at_ms, .. } => *at_ms,
@@ -408,7 +408,7 @@ async fn step(
                 Op::Remove { id: n } => ContractOp::Remove { id: id(*n) },
                 _ => unreachable!(),
             };
-            let real = pool.apply(&op).await.unwrap();
+            let real = PoolContract::new(pool).apply(&op).await.unwrap();
             prop_assert_eq!(real, model.apply(&op, real.at_ms), "step {}: {:?}", n, op);
         }
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::{Harness, Reply};
 use proxy_pool::aggregates::DatabaseUrl;
 use proxy_pool::distribution::readiness::{REASONS_HEADER, REFRESH_ALLOWANCE};
-use proxy_pool::pool::RedisPool;
+use proxy_pool::pool::{RedisPool, UsageStore};
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{AuthSchemes, ClientRegistry, RegistryHandle};
 
@@ -135,7 +135,7 @@ async fn unflushed_usage_is_degraded() {
         r.body
     );
     for hour in hours {
-        h.pool.usage_forget(hour).await.unwrap();
+        UsageStore::new(&h.pool).forget(hour).await.unwrap();
     }
     let r = ready(&h).await;
     assert_eq!((r.json["status"].as_str(), reasons(&r)), (Some("ok"), None));

@@ -10,7 +10,7 @@ use std::time::Duration;
 use aws_sdk_secretsmanager::config::{BehaviorVersion, Credentials, Region};
 use common::{Harness, proxies};
 use proxy_pool::local::RedisServer;
-use proxy_pool::pool::{OutageClass, RedisPool};
+use proxy_pool::pool::{OutageClass, PoolContract, RedisPool};
 use proxy_pool::secrets::{
     RegistrySource, SecretStore, redis_url_from_secret, refresh, start_registry,
 };
@@ -254,7 +254,10 @@ async fn a_rotated_redis_password_is_picked_up_without_a_redeploy() {
         .unwrap();
     let pool = startup::redis_pool(&config, Some(&store), &url).unwrap();
     let app = common::app_over(&config, pool.clone());
-    pool.upsert(&proxies("rot", 50)).await.unwrap();
+    PoolContract::new(&pool)
+        .upsert(&proxies("rot", 50))
+        .await
+        .unwrap();
     assert_eq!(extract_once(&app).await.status, 200);
 
     moto.put("proxy-pool/redis", r#"{"password":"new-rotating-pw"}"#)

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 
 use common::pools::{city_pool, command_calls, commands_for, load_all, script_calls, zcard};
 use common::{Harness, Planted, now_ms, plant, raw_record};
-use proxy_pool::pool::{NewProxy, keys};
+use proxy_pool::pool::{Maintenance, NewProxy, keys};
 
 /// Proxies in the pools of [`thousands_of_combinations_cost_what_eighteen_do`]:
 /// 60,000, or `PROXY_POOL_SHAPES_POOL`. At least five per combination of
@@ -228,7 +228,10 @@ async fn a_long_run_of_stale_entries_hides_nothing() {
     let mut ids = r.ids();
     ids.sort();
     assert!(ids.iter().all(|id| id.starts_with("fresh-")), "{ids:?}");
-    let report = h.pool.prune_expired(500, 100, None).await.unwrap();
+    let report = Maintenance::new(&h.pool)
+        .prune_expired(500, 100, None)
+        .await
+        .unwrap();
     assert_eq!(report.index_entries, 3_000);
     assert_eq!(
         zcard(&h, keys::INDEX).await,

@@ -25,7 +25,7 @@ use tokio::time::{Instant, timeout_at};
 use super::Aggregates;
 use super::database::Database;
 use super::error::AggregatesError;
-use crate::pool::RedisPool;
+use crate::pool::{RedisPool, UsageStore};
 
 /// Closed hours moved per flush at most (the rest wait for the next run),
 /// so one run stays short whatever the backlog.
@@ -68,7 +68,8 @@ impl Aggregates {
     /// next flush. PostgreSQL is not contacted when there is nothing to do.
     pub async fn flush(&self, pool: &RedisPool) -> FlushReport {
         let mut report = FlushReport::default();
-        let backlog = match pool.usage_backlog(self.options.retention).await {
+        let counters = UsageStore::new(pool);
+        let backlog = match counters.backlog(self.options.retention).await {
             Ok(b) => b,
             Err(e) => return failed(report, e.into()),
         };
@@ -85,15 +86,15 @@ impl Aggregates {
         }
         let deadline = Instant::now() + self.options.timeout;
         let outcome = self
-            .move_hours(pool, &mut pending, &gone, deadline, &mut report)
+            .move_hours(&counters, &mut pending, &gone, deadline, &mut report)
             .await;
         if let Err(e) = outcome {
             report.error = Some(e.to_string());
             // Remember what could not be moved, so its loss can be told if
             // it expires first. Best effort: Redis may be the problem.
-            let marks = self.marks(pool, &pending, &backlog.unflushed).await;
-            if let Err(e) = pool
-                .usage_mark_unflushed(
+            let marks = self.marks(&counters, &pending, &backlog.unflushed).await;
+            if let Err(e) = counters
+                .mark_unflushed(
                     &marks,
                     self.options.retention * 2 + Duration::from_secs(86_400),
                 )
@@ -111,7 +112,7 @@ impl Aggregates {
     /// gone. `pending` keeps the closed hours not yet moved.
     async fn move_hours(
         &self,
-        pool: &RedisPool,
+        counters: &UsageStore,
         pending: &mut Vec<i64>,
         gone: &[(i64, (u64, u64))],
         deadline: Instant,
@@ -120,7 +121,7 @@ impl Aggregates {
         let mut db = bounded(deadline, self.connect()).await?;
         let hours: Vec<i64> = pending.iter().take(MAX_HOURS_PER_FLUSH).copied().collect();
         for hour in hours {
-            let usage = pool.usage_hour(hour).await?;
+            let usage = counters.hour(hour).await?;
             if usage.calls.is_empty() && usage.proxies.is_empty() && usage.unreadable == 0 {
                 // Gone since the backlog was read: another flush moved it
                 // (and claimed it first), or it expired (its mark, if any,
@@ -139,7 +140,7 @@ impl Aggregates {
             pending.retain(|h| *h != hour);
             // Committed: from here on a failure only leaves the hash for
             // the next flush to forget.
-            pool.usage_forget(hour).await?;
+            counters.forget(hour).await?;
         }
         for (hour, (calls, proxies)) in gone {
             if bounded(deadline, db.record_dropped(*hour, *calls, *proxies)).await? {
@@ -152,22 +153,22 @@ impl Aggregates {
                     "usage counters expired in Redis before they reached PostgreSQL"
                 );
             }
-            pool.usage_forget(*hour).await?;
+            counters.forget(*hour).await?;
         }
         Ok(())
     }
 
     /// Totals of the pending hours not yet marked (read from Redis; a hour
-    /// that cannot be read is left unmarked), for `usage_mark_unflushed`.
+    /// that cannot be read is left unmarked), for [`UsageStore::mark_unflushed`].
     async fn marks(
         &self,
-        pool: &RedisPool,
+        counters: &UsageStore,
         pending: &[i64],
         marked: &std::collections::BTreeMap<i64, (u64, u64)>,
     ) -> Vec<(i64, u64, u64)> {
         let mut marks = Vec::new();
         for hour in pending.iter().filter(|h| !marked.contains_key(h)) {
-            match pool.usage_hour(*hour).await {
+            match counters.hour(*hour).await {
                 Ok(u) => marks.push((*hour, u.total_calls(), u.total_proxies())),
                 Err(_) => break,
             }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use lambda_http::http::HeaderValue;
 
 use super::App;
-use crate::pool::{PoolError, UsageBacklog};
+use crate::pool::{PoolError, UsageBacklog, UsageStore};
 use crate::security::RegistryState;
 
 /// The response header listing why readiness is not plainly `ok`
@@ -102,7 +102,7 @@ pub(super) async fn findings(app: &App) -> Result<Vec<Finding>, PoolError> {
         .into_iter()
         .collect();
     if let Some(retention) = app.usage_retention {
-        found.extend(usage(&app.pool.usage_backlog(retention).await?));
+        found.extend(usage(&UsageStore::new(&app.pool).backlog(retention).await?));
     }
     Ok(found)
 }

@@ -5,8 +5,8 @@ use lambda_http::http::HeaderMap;
 use super::ExtractRequest;
 use crate::httpapi::{Code, InvalidParam, Problem};
 use crate::pool::{
-    ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, PoolError, RedisPool,
-    Selection, UsageScope, keys,
+    ExtractionOutcome, ExtractionQuery, Extractor, Fulfillment, IdempotencyScope, PoolError,
+    RedisPool, Selection, UsageScope, keys,
 };
 use crate::security::Identity;
 
@@ -81,13 +81,16 @@ fn usage_client(identity: &Identity) -> &str {
 #[derive(Clone)]
 pub struct ExtractionService {
     policy: Policy,
-    pool: RedisPool,
+    extractor: Extractor,
 }
 
 impl ExtractionService {
     /// A service drawing from `pool` under `policy`.
     pub fn new(policy: Policy, pool: RedisPool) -> Self {
-        Self { policy, pool }
+        Self {
+            policy,
+            extractor: Extractor::new(&pool),
+        }
     }
 
     /// The policy in force.
@@ -142,7 +145,7 @@ impl ExtractionService {
                 UsageScope::new(usage_client(identity), retention, crate::clock::now_ms())
             }),
         };
-        Ok(self.pool.extract(&query).await?)
+        Ok(self.extractor.extract(&query).await?)
     }
 
     /// The upstreams the request may draw from: the client's permission

@@ -13,7 +13,7 @@ use super::scripts;
 pub const MAX_CLIENT_BATCH: usize = 1000;
 /// Most credentials one client may hold.
 pub const MAX_CLIENT_CREDENTIALS: usize = 64;
-/// Entries asked for per `HSCAN` step of [`RedisPool::client_entries`].
+/// Entries asked for per `HSCAN` step of [`ClientStore::entries`].
 const SCAN_COUNT: usize = 1000;
 
 /// One client to store: its id, its entry (JSON) and the credential fields
@@ -28,7 +28,7 @@ pub struct StoredClient {
     pub credentials: Vec<String>,
 }
 
-/// How [`RedisPool::put_clients`] treats an id already registered.
+/// How [`ClientStore::put`] treats an id already registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutMode {
     /// Refuse it.
@@ -39,7 +39,7 @@ pub enum PutMode {
     Put,
 }
 
-/// The answer of [`RedisPool::put_clients`].
+/// The answer of [`ClientStore::put`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PutOutcome {
     /// Stored: how many were new and how many replaced.
@@ -59,33 +59,46 @@ pub enum PutOutcome {
     },
 }
 
-impl RedisPool {
+/// The Redis client registry's storage (one entry per client, credentials
+/// by hash). Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct ClientStore {
+    pool: RedisPool,
+}
+
+impl ClientStore {
+    /// The client registry stored in `pool`'s Redis.
+    pub fn new(pool: &RedisPool) -> Self {
+        Self { pool: pool.clone() }
+    }
+
     /// The entry of the client owning credential `field`, one script call
     /// (`lua/client_lookup.lua`, two `HGET`s).
-    pub async fn client_by_credential(&self, field: &str) -> Result<Option<String>, PoolError> {
+    pub async fn by_credential(&self, field: &str) -> Result<Option<String>, PoolError> {
         let mut inv = scripts::CLIENT_LOOKUP.prepare_invoke();
-        inv.key(self.keys().client_credentials())
-            .key(self.keys().client_entries())
+        inv.key(self.pool.keys().client_credentials())
+            .key(self.pool.keys().client_entries())
             .arg(field);
-        self.invoke(&inv, true).await
+        self.pool.invoke(&inv, true).await
     }
 
     /// The entry of client `id`, if registered.
-    pub async fn client_entry(&self, id: &str) -> Result<Option<String>, PoolError> {
-        let mut conn = self.connection();
-        self.bounded(async {
-            Ok(redis::cmd("HGET")
-                .arg(self.keys().client_entries())
-                .arg(id)
-                .query_async(&mut conn)
-                .await?)
-        })
-        .await
+    pub async fn entry(&self, id: &str) -> Result<Option<String>, PoolError> {
+        let mut conn = self.pool.connection();
+        self.pool
+            .bounded(async {
+                Ok(redis::cmd("HGET")
+                    .arg(self.pool.keys().client_entries())
+                    .arg(id)
+                    .query_async(&mut conn)
+                    .await?)
+            })
+            .await
     }
 
     /// Stores up to [`MAX_CLIENT_BATCH`] clients atomically (`lua/client_put.lua`):
     /// all or none.
-    pub async fn put_clients(
+    pub async fn put(
         &self,
         mode: PutMode,
         batch: &[StoredClient],
@@ -99,8 +112,8 @@ impl RedisPool {
             return Err(PoolError::Internal("client batch out of range".into()));
         }
         let mut inv = scripts::CLIENT_PUT.prepare_invoke();
-        inv.key(self.keys().client_credentials())
-            .key(self.keys().client_entries())
+        inv.key(self.pool.keys().client_credentials())
+            .key(self.pool.keys().client_entries())
             .arg(match mode {
                 PutMode::Add => "add",
                 PutMode::Replace => "replace",
@@ -113,7 +126,7 @@ impl RedisPool {
             }
         }
         // Repeating a put stores the same thing again.
-        let reply: Vec<String> = self.invoke(&inv, true).await?;
+        let reply: Vec<String> = self.pool.invoke(&inv, true).await?;
         let bad = || PoolError::Internal("unexpected client_put reply".into());
         match reply.as_slice() {
             [ok, added, replaced] if ok == "ok" => Ok(PutOutcome::Stored {
@@ -130,26 +143,27 @@ impl RedisPool {
 
     /// Removes client `id` and its credentials (`lua/client_revoke.lua`):
     /// `Some(credentials removed)`, or `None` when it is not registered.
-    pub async fn revoke_client(&self, id: &str) -> Result<Option<u64>, PoolError> {
+    pub async fn revoke(&self, id: &str) -> Result<Option<u64>, PoolError> {
         let mut inv = scripts::CLIENT_REVOKE.prepare_invoke();
-        inv.key(self.keys().client_credentials())
-            .key(self.keys().client_entries())
+        inv.key(self.pool.keys().client_credentials())
+            .key(self.pool.keys().client_entries())
             .arg(id);
-        let removed: i64 = self.invoke(&inv, false).await?;
+        let removed: i64 = self.pool.invoke(&inv, false).await?;
         Ok(u64::try_from(removed).ok())
     }
 
     /// Every client entry, read in `HSCAN` steps (a client changed during
     /// the scan may be missed or seen twice, as `HSCAN` promises).
-    pub async fn client_entries(&self) -> Result<Vec<(String, String)>, PoolError> {
+    pub async fn entries(&self) -> Result<Vec<(String, String)>, PoolError> {
         let mut out = Vec::new();
         let mut cursor = 0u64;
         loop {
-            let mut conn = self.connection();
+            let mut conn = self.pool.connection();
             let (next, flat): (u64, Vec<String>) = self
+                .pool
                 .bounded(async {
                     Ok(redis::cmd("HSCAN")
-                        .arg(self.keys().client_entries())
+                        .arg(self.pool.keys().client_entries())
                         .arg(cursor)
                         .arg("COUNT")
                         .arg(SCAN_COUNT)

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::error::PoolError;
+use super::new_proxy::{NewProxy, UpsertStatus};
 use super::redis_pool::RedisPool;
 use super::scripts;
 
@@ -213,13 +214,34 @@ impl ContractOp {
 /// batch writers send [`CONTRACT_BATCH`].
 pub const MAX_CONTRACT_BATCH: usize = 500;
 
+/// Proxies sent to `lua/upsert.lua` per call: few enough that one call
+/// holds Redis for about a millisecond (a proxy costs it 25-60 us at 1M),
+/// so extraction, the Gateway and the clients sharing it never wait long
+/// behind a fill or a refresh.
+const UPSERT_BATCH: usize = 32;
+/// Most proxies one [`PoolContract::upsert_batch`] call takes: one atomic
+/// call, decided at one clock, for a caller that needs that for a batch.
+const MAX_UPSERT_BATCH: usize = 128;
 /// Operations a batch writer sends per call (`proxy-pool health -`, the
 /// bench's health checker): about a millisecond of Redis at 1M proxies,
 /// so extraction and other clients sharing it never wait long behind one,
 /// for a per-call overhead of well under a microsecond an operation.
 pub const CONTRACT_BATCH: usize = 64;
 
-impl RedisPool {
+/// The writers' side of the pool: adds and refreshes (`lua/upsert.lua`),
+/// health results and Worker ownership (`lua/contract.lua`). Cheap to
+/// clone; clones share the connection.
+#[derive(Clone)]
+pub struct PoolContract {
+    pool: RedisPool,
+}
+
+impl PoolContract {
+    /// The contract operations on `pool`.
+    pub fn new(pool: &RedisPool) -> Self {
+        Self { pool: pool.clone() }
+    }
+
     /// Applies one contract operation atomically.
     pub async fn apply(&self, op: &ContractOp) -> Result<ContractReply, PoolError> {
         let replies = self.apply_batch(std::slice::from_ref(op)).await?;
@@ -238,14 +260,14 @@ impl RedisPool {
                 "contract batch size out of range".into(),
             ));
         }
-        let mut inv = scripts::with_pool_keys(&scripts::CONTRACT, self.keys(), &self.policy());
+        let mut inv = self.pool.invocation(&scripts::CONTRACT);
         for op in ops {
             for arg in op.args() {
                 inv.arg(arg);
             }
         }
         // Not repeated after a lost reply: a claim is not idempotent.
-        let reply: Vec<redis::Value> = self.invoke(&inv, false).await?;
+        let reply: Vec<redis::Value> = self.pool.invoke(&inv, false).await?;
         let bad = || PoolError::Internal("unexpected contract reply".into());
         let (now, rest) = reply.split_first().ok_or_else(bad)?;
         let at_ms: i64 = redis::from_redis_value_ref(now).map_err(|_| bad())?;
@@ -263,5 +285,49 @@ impl RedisPool {
                 })
             })
             .collect()
+    }
+    /// Adds or refreshes proxies through `lua/upsert.lua`, in batches, two
+    /// calls in flight (Redis runs one while the other's request and reply
+    /// travel; sent in order on one connection, they are applied in
+    /// order); one status per proxy, in order.
+    pub async fn upsert(&self, proxies: &[NewProxy]) -> Result<Vec<UpsertStatus>, PoolError> {
+        let mut statuses = Vec::with_capacity(proxies.len());
+        for pair in proxies.chunks(2 * UPSERT_BATCH) {
+            let (first, second) = pair.split_at(pair.len().min(UPSERT_BATCH));
+            if second.is_empty() {
+                statuses.extend(self.upsert_batch(first).await?.0);
+            } else {
+                let (a, b) = tokio::join!(self.upsert_batch(first), self.upsert_batch(second));
+                statuses.extend(a?.0);
+                statuses.extend(b?.0);
+            }
+        }
+        Ok(statuses)
+    }
+
+    /// One `lua/upsert.lua` call (at most [`MAX_UPSERT_BATCH`] proxies): the
+    /// statuses and the Redis clock they were decided at, Unix ms.
+    pub async fn upsert_batch(
+        &self,
+        batch: &[NewProxy],
+    ) -> Result<(Vec<UpsertStatus>, i64), PoolError> {
+        if batch.is_empty() || batch.len() > MAX_UPSERT_BATCH {
+            return Err(PoolError::Internal("upsert batch size out of range".into()));
+        }
+        let mut inv = self.pool.invocation(&scripts::UPSERT);
+        for p in batch {
+            inv.arg(p.to_script_arg()?);
+        }
+        let reply: Vec<String> = self.pool.invoke(&inv, true).await?;
+        let bad = || PoolError::Internal("unexpected upsert reply".into());
+        let (now, words) = reply.split_first().ok_or_else(bad)?;
+        if words.len() != batch.len() {
+            return Err(bad());
+        }
+        let statuses = words
+            .iter()
+            .map(|w| UpsertStatus::parse(w).ok_or_else(bad))
+            .collect::<Result<_, _>>()?;
+        Ok((statuses, now.parse().map_err(|_| bad())?))
     }
 }

@@ -21,7 +21,7 @@ type InventoryPage = (i64, Vec<(String, u64, u64, u64)>, u64, String, u8);
 /// What the inventory counts as expiring soon: within five minutes.
 pub const EXPIRING_WITHIN: Duration = Duration::from_secs(300);
 
-/// What [`RedisPool::prune_expired`] removed.
+/// What [`Maintenance::prune_expired`] removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PruneReport {
@@ -75,17 +75,31 @@ pub struct Inventory {
     pub exact: bool,
 }
 
-impl RedisPool {
+/// The scheduled job's upkeep of the pool: prune and inventory. Cheap to
+/// clone; clones share the connection.
+#[derive(Clone)]
+pub struct Maintenance {
+    pool: RedisPool,
+}
+
+impl Maintenance {
+    /// Upkeep of `pool`.
+    pub fn new(pool: &RedisPool) -> Self {
+        Self { pool: pool.clone() }
+    }
+
     /// Loads the maintenance scripts (the function library, or `SCRIPT
     /// LOAD` where Functions are refused); the extraction script is loaded
     /// by [`RedisPool::ping`].
-    pub async fn load_maintenance_scripts(&self) -> Result<(), PoolError> {
-        let mut conn = self.connection();
-        self.bounded(async {
-            self.load_scripts(&mut conn, &[&scripts::PRUNE, &scripts::INVENTORY])
-                .await
-        })
-        .await
+    pub async fn load_scripts(&self) -> Result<(), PoolError> {
+        let mut conn = self.pool.connection();
+        self.pool
+            .bounded(async {
+                self.pool
+                    .load_scripts(&mut conn, &[&scripts::PRUNE, &scripts::INVENTORY])
+                    .await
+            })
+            .await
     }
 
     /// Removes proxies whose TTL life is over, and index entries past their
@@ -108,11 +122,11 @@ impl RedisPool {
             ..PruneReport::default()
         };
         while report.batches < max_batches {
-            let mut inv = scripts::with_pool_keys(&scripts::PRUNE, self.keys(), &self.policy());
+            let mut inv = self.pool.invocation(&scripts::PRUNE);
             inv.arg(batch);
             // Repeating a prune after a dropped connection removes nothing twice.
             let (records, index_entries, idempotency_records, more): (u64, u64, u64, u8) =
-                self.invoke(&inv, true).await?;
+                self.pool.invoke(&inv, true).await?;
             report.batches += 1;
             report.records += records;
             report.index_entries += index_entries;
@@ -134,12 +148,12 @@ impl RedisPool {
         let mut cursor = "0".to_owned();
         let mut exact = true;
         loop {
-            let mut inv = scripts::with_pool_keys(&scripts::INVENTORY, self.keys(), &self.policy());
+            let mut inv = self.pool.invocation(&scripts::INVENTORY);
             inv.arg(&cursor)
                 .arg(INVENTORY_PAGE)
                 .arg(EXPIRING_WITHIN.as_millis() as u64);
             let (at_ms, rows, held, next, page_exact): InventoryPage =
-                self.invoke(&inv, true).await?;
+                self.pool.invoke(&inv, true).await?;
             exact &= page_exact == 1;
             for (combination, eligible, indexed, soon) in rows {
                 let mut parts = combination.split('|');

@@ -3,14 +3,17 @@
 //! as the public library `proxy_pool_v<CONTRACT_VERSION>` that programs in
 //! other languages call), the connection (single server or Redis
 //! Cluster, `connection`; with replica acknowledgement, the group commit of
-//! scripts and their `WAIT`, `acknowledger`), the adapter that runs them
-//! (`redis_pool`) and the
-//! types of its extraction contract (`query`), the operations the
-//! Controller, health checker and Gateway Workers use (`contract`), and the
-//! upkeep the scheduled health check runs: pruning and inventory
-//! (`maintenance`), the hourly usage counters extraction writes and a flush
-//! moves elsewhere (`usage`), and the storage of the Redis client registry
-//! (`clients`). It depends on nothing else in the crate but `clock`.
+//! scripts and their `WAIT`, `acknowledger`), and the script runner
+//! [`RedisPool`] (`redis_pool`, with the function libraries in
+//! `functions`, the server checks in `server_checks` and the credential
+//! re-read in `credentials`). One small type per use runs its scripts
+//! through the runner: [`Extractor`] (extraction; its types in `query`),
+//! [`PoolContract`] (adds, refreshes, health results and Worker ownership:
+//! what the Controller, health checker and Gateway Workers call),
+//! [`Maintenance`] (the scheduled job's prune and inventory),
+//! [`RateLimits`], [`ClientStore`] (the Redis client registry) and
+//! [`UsageStore`] (the hourly usage counters extraction writes and a flush
+//! moves elsewhere). It depends on nothing else in the crate but `clock`.
 //!
 //! Each proxy is one record (`{pp}:v2:rec`, a tombstone once extracted);
 //! every allocatable, healthy proxy whose deadline was ahead when it was
@@ -25,30 +28,42 @@ mod acknowledger;
 mod clients;
 mod connection;
 mod contract;
+mod credentials;
 mod error;
+mod extractor;
+mod functions;
 pub mod keys;
 mod maintenance;
 mod new_proxy;
 mod policy;
 mod query;
+mod rate_limits;
 mod redis_pool;
 mod scripts;
+mod server_checks;
 mod usage;
 
-pub use clients::{MAX_CLIENT_BATCH, MAX_CLIENT_CREDENTIALS, PutMode, PutOutcome, StoredClient};
+pub use clients::{
+    ClientStore, MAX_CLIENT_BATCH, MAX_CLIENT_CREDENTIALS, PutMode, PutOutcome, StoredClient,
+};
 pub use connection::{PoolConnection, RedisOptions};
-pub use contract::{CONTRACT_BATCH, ContractOp, ContractReply, MAX_CONTRACT_BATCH, Verdict};
+pub use contract::{
+    CONTRACT_BATCH, ContractOp, ContractReply, MAX_CONTRACT_BATCH, PoolContract, Verdict,
+};
+pub use credentials::{CREDENTIAL_REREAD_EVERY, CredentialSource};
 pub use error::{Outage, OutageClass, PoolError};
+pub use extractor::Extractor;
 pub use keys::{InvalidPoolName, PoolKeys, PoolName};
-pub use maintenance::{BucketInventory, EXPIRING_WITHIN, Inventory, MAX_PRUNE_BATCH, PruneReport};
+pub use maintenance::{
+    BucketInventory, EXPIRING_WITHIN, Inventory, MAX_PRUNE_BATCH, Maintenance, PruneReport,
+};
 pub use new_proxy::{LineError, NewProxy, UpsertStatus};
 pub use policy::PoolPolicy;
 pub use query::{
     CommittedExtraction, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope,
     PooledProxy, Protocol, Selection, UsageScope, hour_of,
 };
-pub use redis_pool::{
-    Admission, CREDENTIAL_REREAD_EVERY, CredentialSource, Limit, LimitState, RedisPool,
-};
+pub use rate_limits::{Admission, Limit, LimitState, RateLimits};
+pub use redis_pool::RedisPool;
 pub use scripts::{CONTRACT_VERSION, contract_functions, contract_library, extract_names};
-pub use usage::{CallCounter, HourUsage, ProxyCounter, UsageBacklog, UsageOutcome};
+pub use usage::{CallCounter, HourUsage, ProxyCounter, UsageBacklog, UsageOutcome, UsageStore};

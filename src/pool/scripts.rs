@@ -25,9 +25,6 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, Script, ScriptInvocation, ToRedisArgs};
 
-use super::keys::PoolKeys;
-use super::policy::PoolPolicy;
-
 /// The prelude, in the order its parts build on each other.
 const PRELUDE: [&str; 3] = [
     include_str!("../../lua/prelude/base.lua"),
@@ -371,21 +368,6 @@ pub(super) static CLIENT_REVOKE: LazyLock<LuaScript> =
 /// joined in), so a reader can tell its calls from the other scripts'.
 pub fn extract_names() -> [&'static str; 2] {
     [EXTRACT.function.as_str(), EXTRACT.eval.get_hash()]
-}
-
-/// An invocation of a pool script with the keys of pool `keys` declared
-/// and the caller's pool policy as its first argument.
-pub(super) fn with_pool_keys<'a>(
-    script: &'a LuaScript,
-    keys: &PoolKeys,
-    policy: &PoolPolicy,
-) -> Invocation<'a> {
-    let mut inv = script.prepare_invoke();
-    for key in keys.pool() {
-        inv.key(key);
-    }
-    inv.arg(policy.script_arg());
-    inv
 }
 
 #[cfg(test)]

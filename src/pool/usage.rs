@@ -192,20 +192,33 @@ pub struct UsageBacklog {
     pub unflushed: BTreeMap<i64, (u64, u64)>,
 }
 
-impl RedisPool {
+/// The hourly usage counters extraction writes, as the flush reads and
+/// forgets them. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct UsageStore {
+    pool: RedisPool,
+}
+
+impl UsageStore {
+    /// The usage counters of `pool`.
+    pub fn new(pool: &RedisPool) -> Self {
+        Self { pool: pool.clone() }
+    }
+
     /// Which hours of counters exist and which are closed: every hour that
     /// can still exist `retention` after its end (by this machine's clock,
     /// with an hour's margin either way), and every hour an earlier flush
     /// could not move.
-    pub async fn usage_backlog(&self, retention: Duration) -> Result<UsageBacklog, PoolError> {
+    pub async fn backlog(&self, retention: Duration) -> Result<UsageBacklog, PoolError> {
         // Off the extraction path: a full readiness check first finds (and
         // replaces) a dead connection and checks the server's version.
-        self.ping().await?;
-        let mut conn = self.connection();
+        self.pool.ping().await?;
+        let mut conn = self.pool.connection();
         let raw: HashMap<String, String> = self
+            .pool
             .bounded(async {
                 Ok(redis::cmd("HGETALL")
-                    .arg(self.keys().usage_unflushed())
+                    .arg(self.pool.keys().usage_unflushed())
                     .query_async(&mut conn)
                     .await?)
             })
@@ -231,10 +244,10 @@ impl RedisPool {
         hours.dedup();
         let mut inv = scripts::USAGE_BACKLOG.prepare_invoke();
         for hour in &hours {
-            inv.key(self.keys().usage_hour(*hour)).arg(*hour);
+            inv.key(self.pool.keys().usage_hour(*hour)).arg(*hour);
         }
         inv.arg(CLOSE_GRACE_S);
-        let (now, closed, open): (String, Vec<i64>, u32) = self.invoke(&inv, true).await?;
+        let (now, closed, open): (String, Vec<i64>, u32) = self.pool.invoke(&inv, true).await?;
         Ok(UsageBacklog {
             now_ms: now
                 .parse()
@@ -246,14 +259,15 @@ impl RedisPool {
     }
 
     /// One hour's counters (`HSCAN`, a page per call, each call bounded).
-    pub async fn usage_hour(&self, hour: i64) -> Result<HourUsage, PoolError> {
-        let key = self.keys().usage_hour(hour);
+    pub async fn hour(&self, hour: i64) -> Result<HourUsage, PoolError> {
+        let key = self.pool.keys().usage_hour(hour);
         // A closed hour no longer changes, but HSCAN may repeat a field.
         let mut fields: HashMap<String, String> = HashMap::new();
         let mut cursor = 0u64;
         loop {
-            let mut conn = self.connection();
+            let mut conn = self.pool.connection();
             let (next, page): (u64, Vec<(String, String)>) = self
+                .pool
                 .bounded(async {
                     Ok(redis::cmd("HSCAN")
                         .arg(&key)
@@ -278,28 +292,29 @@ impl RedisPool {
 
     /// Forgets an hour once PostgreSQL holds it: its hash (`UNLINK`: freed
     /// in the background) and its unflushed mark. Both are idempotent.
-    pub async fn usage_forget(&self, hour: i64) -> Result<(), PoolError> {
-        let mut conn = self.connection();
-        self.bounded(async {
-            let _: () = redis::pipe()
-                .cmd("UNLINK")
-                .arg(self.keys().usage_hour(hour))
-                .ignore()
-                .cmd("HDEL")
-                .arg(self.keys().usage_unflushed())
-                .arg(hour)
-                .ignore()
-                .query_async(&mut conn)
-                .await?;
-            Ok(())
-        })
-        .await
+    pub async fn forget(&self, hour: i64) -> Result<(), PoolError> {
+        let mut conn = self.pool.connection();
+        self.pool
+            .bounded(async {
+                let _: () = redis::pipe()
+                    .cmd("UNLINK")
+                    .arg(self.pool.keys().usage_hour(hour))
+                    .ignore()
+                    .cmd("HDEL")
+                    .arg(self.pool.keys().usage_unflushed())
+                    .arg(hour)
+                    .ignore()
+                    .query_async(&mut conn)
+                    .await?;
+                Ok(())
+            })
+            .await
     }
 
     /// Remembers closed hours a flush could not move, with their calls and
     /// proxies, for `keep` (so a later flush can report them if they expire
     /// before it moves them).
-    pub async fn usage_mark_unflushed(
+    pub async fn mark_unflushed(
         &self,
         marks: &[(i64, u64, u64)],
         keep: Duration,
@@ -310,21 +325,22 @@ impl RedisPool {
         let mut pipe = redis::pipe();
         for (hour, calls, proxies) in marks {
             pipe.cmd("HSET")
-                .arg(self.keys().usage_unflushed())
+                .arg(self.pool.keys().usage_unflushed())
                 .arg(*hour)
                 .arg(format!("{calls} {proxies}"))
                 .ignore();
         }
         pipe.cmd("EXPIRE")
-            .arg(self.keys().usage_unflushed())
+            .arg(self.pool.keys().usage_unflushed())
             .arg(keep.as_secs().max(1))
             .ignore();
-        let mut conn = self.connection();
-        self.bounded(async {
-            let _: () = pipe.query_async(&mut conn).await?;
-            Ok(())
-        })
-        .await
+        let mut conn = self.pool.connection();
+        self.pool
+            .bounded(async {
+                let _: () = pipe.query_async(&mut conn).await?;
+                Ok(())
+            })
+            .await
     }
 }
 

@@ -13,12 +13,14 @@ use super::credentials::CredentialHash;
 use super::registry::{
     Client, ClientEntry, CredentialKind, RegistryError, lookup_field, parse_entries,
 };
-use crate::pool::{MAX_CLIENT_BATCH, PoolError, PutMode, PutOutcome, RedisPool, StoredClient};
+use crate::pool::{
+    ClientStore, MAX_CLIENT_BATCH, PoolError, PutMode, PutOutcome, RedisPool, StoredClient,
+};
 
 /// The client registry held in Redis.
 #[derive(Clone)]
 pub struct RedisRegistry {
-    pool: RedisPool,
+    store: ClientStore,
 }
 
 /// A registry operation failed.
@@ -63,7 +65,9 @@ pub struct Imported {
 impl RedisRegistry {
     /// The registry in `pool`'s Redis.
     pub fn new(pool: RedisPool) -> Self {
-        Self { pool }
+        Self {
+            store: ClientStore::new(&pool),
+        }
     }
 
     /// The client owning `presented` of `kind`, by digest (one round trip).
@@ -73,7 +77,7 @@ impl RedisRegistry {
         presented: &[u8],
     ) -> Result<Option<Client>, DirectoryError> {
         let field = lookup_field(kind, &CredentialHash::of(presented));
-        match self.pool.client_by_credential(&field).await? {
+        match self.store.by_credential(&field).await? {
             None => Ok(None),
             Some(json) => Ok(Some(ClientEntry::parse(&json)?)),
         }
@@ -81,7 +85,7 @@ impl RedisRegistry {
 
     /// Client `id`'s entry, if registered.
     pub async fn entry(&self, id: &str) -> Result<Option<ClientEntry>, DirectoryError> {
-        match self.pool.client_entry(id).await? {
+        match self.store.entry(id).await? {
             None => Ok(None),
             Some(json) => Ok(Some(serde_json::from_str(&json).map_err(|_| {
                 RegistryError::from(format!("client {id}: stored entry is not valid"))
@@ -109,7 +113,7 @@ impl RedisRegistry {
                 })
             })
             .collect::<Result<Vec<_>, DirectoryError>>()?;
-        match self.pool.put_clients(mode, &batch).await? {
+        match self.store.put(mode, &batch).await? {
             PutOutcome::Stored { added, replaced } => Ok(Imported { added, replaced }),
             PutOutcome::Refused { reason, id } => Err(DirectoryError::Refused { reason, id }),
         }
@@ -118,14 +122,14 @@ impl RedisRegistry {
     /// Removes client `id` and every credential it owns: `Some(credentials
     /// removed)`, `None` when it is not registered.
     pub async fn revoke(&self, id: &str) -> Result<Option<u64>, DirectoryError> {
-        Ok(self.pool.revoke_client(id).await?)
+        Ok(self.store.revoke(id).await?)
     }
 
     /// Every entry, sorted by id.
     pub async fn list(&self) -> Result<Vec<ClientEntry>, DirectoryError> {
         let mut out = self
-            .pool
-            .client_entries()
+            .store
+            .entries()
             .await?
             .into_iter()
             .map(|(id, json)| {

@@ -5,7 +5,7 @@ use lambda_http::http::{HeaderName, HeaderValue};
 
 use super::Identity;
 use crate::httpapi::Problem;
-use crate::pool::{Limit, PoolError, RedisPool};
+use crate::pool::{Limit, PoolError, RateLimits, RedisPool};
 
 /// A limit: a sustained rate with a burst allowance.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -73,7 +73,7 @@ struct Applied {
 /// Admission control: the global limit and the caller's own.
 #[derive(Clone)]
 pub struct RateLimiter {
-    pool: RedisPool,
+    limits: RateLimits,
     global: Option<Rate>,
     client_default: Option<Rate>,
 }
@@ -95,7 +95,7 @@ impl RateLimiter {
     /// Limits over `pool`; `None` disables a limit.
     pub fn new(pool: RedisPool, global: Option<Rate>, client_default: Option<Rate>) -> Self {
         Self {
-            pool,
+            limits: RateLimits::new(&pool),
             global,
             client_default,
         }
@@ -109,14 +109,14 @@ impl RateLimiter {
         if let Some(rate) = self.global {
             applied.push(Applied {
                 name: "global",
-                key: self.pool.keys().rate_global().to_owned(),
+                key: self.limits.keys().rate_global().to_owned(),
                 rate,
             });
         }
         if let Some(rate) = identity.rate.or(self.client_default) {
             applied.push(Applied {
                 name: "client",
-                key: self.pool.keys().rate_client(&identity.rate_key),
+                key: self.limits.keys().rate_client(&identity.rate_key),
                 rate,
             });
         }
@@ -132,7 +132,7 @@ impl RateLimiter {
             })
             .collect();
         // Limits fail closed: no Redis, no admission.
-        let verdict = self.pool.admit(&limits).await.map_err(Refusal::Pool)?;
+        let verdict = self.limits.admit(&limits).await.map_err(Refusal::Pool)?;
         let policy = applied
             .iter()
             .map(|a| {

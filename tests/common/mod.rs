@@ -24,7 +24,7 @@ use lambda_http::http::{HeaderMap, Request};
 use proxy_pool::config::Config;
 use proxy_pool::distribution::{App, EXTRACT_PATH, handle};
 use proxy_pool::local::RedisServer;
-use proxy_pool::pool::{NewProxy, RedisPool, UpsertStatus};
+use proxy_pool::pool::{NewProxy, PoolContract, RedisPool, UpsertStatus};
 use proxy_pool::security::{
     AuthSchemes, Directory, Guard, PeerAddr, RedisRegistry, RegistryHandle,
 };
@@ -166,7 +166,7 @@ impl Harness {
 
     /// Adds proxies through the upsert script.
     pub async fn load(&self, proxies: &[NewProxy]) -> Vec<UpsertStatus> {
-        self.pool.upsert(proxies).await.unwrap()
+        PoolContract::new(&self.pool).upsert(proxies).await.unwrap()
     }
 
     /// `POST /api/v1/proxies/extract` with a JSON body and extra headers.

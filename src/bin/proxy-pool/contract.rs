@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use proxy_pool::clock::parse_rfc3339;
 use proxy_pool::pool::{
-    CONTRACT_BATCH, ContractOp, RedisPool, Verdict, contract_functions, contract_library,
+    CONTRACT_BATCH, ContractOp, PoolContract, RedisPool, Verdict, contract_functions,
+    contract_library,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -168,7 +169,7 @@ pub async fn functions(args: PoolArgs) -> CliResult {
 /// Runs one contract operation and prints its verdict.
 async fn apply(target: &TargetArgs, op: ContractOp) -> CliResult {
     let (_, pool) = operator_pool(&target.pool)?;
-    let reply = pool.apply(&op).await?;
+    let reply = PoolContract::new(&pool).apply(&op).await?;
     match reply.verdict {
         Verdict::Ok => {
             say!("ok {} (epoch {})", target.id, reply.epoch);
@@ -372,7 +373,10 @@ impl Verdicts {
         if batch.is_empty() {
             return Ok(());
         }
-        for (op, reply) in batch.iter().zip(pool.apply_batch(batch).await?) {
+        for (op, reply) in batch
+            .iter()
+            .zip(PoolContract::new(pool).apply_batch(batch).await?)
+        {
             match reply.verdict {
                 Verdict::Ok => {
                     self.applied += 1;

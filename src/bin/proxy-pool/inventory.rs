@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use clap::ValueEnum;
-use proxy_pool::pool::{BucketInventory, RedisPool};
+use proxy_pool::pool::{BucketInventory, Maintenance, RedisPool};
 use serde::Serialize;
 
 /// A dimension of the pool to group by.
@@ -126,7 +126,7 @@ pub struct Inventory {
 impl Inventory {
     /// Counts `pool` under its policy.
     pub async fn count(pool: &RedisPool) -> Result<Self, Box<dyn std::error::Error>> {
-        let inventory = pool.inventory().await?;
+        let inventory = Maintenance::new(pool).inventory().await?;
         Ok(Self {
             at_ms: inventory.at_ms,
             held: inventory.held,

@@ -4,7 +4,7 @@ use std::io::{BufRead, IsTerminal};
 
 use proxy_pool::clock::now_ms;
 use proxy_pool::local::{PoolShape, synthetic_proxy};
-use proxy_pool::pool::{NewProxy, PoolError, RedisPool, UpsertStatus};
+use proxy_pool::pool::{NewProxy, PoolContract, PoolError, RedisPool, UpsertStatus};
 
 use crate::cli::{LoadArgs, LoadDemoArgs};
 use crate::output::say;
@@ -71,7 +71,7 @@ pub async fn load_demo(args: LoadDemoArgs) -> CliResult {
         let chunk: Vec<NewProxy> = (start..args.size.min(start + DEMO_CHUNK))
             .map(|seq| synthetic_proxy(seq, now, shape))
             .collect();
-        for status in pool.upsert(&chunk).await? {
+        for status in PoolContract::new(&pool).upsert(&chunk).await? {
             match status {
                 UpsertStatus::Added => added += 1,
                 UpsertStatus::Refreshed => refreshed += 1,
@@ -107,7 +107,7 @@ impl Tally {
         batch: &mut Vec<(usize, NewProxy)>,
     ) -> Result<(), PoolError> {
         let proxies: Vec<NewProxy> = batch.iter().map(|(_, p)| p.clone()).collect();
-        let statuses = pool.upsert(&proxies).await?;
+        let statuses = PoolContract::new(pool).upsert(&proxies).await?;
         for ((line, _), status) in batch.iter().zip(statuses) {
             match status {
                 UpsertStatus::Added => self.added += 1,

@@ -10,7 +10,7 @@ use proxy_pool::clock::now_ms;
 use proxy_pool::config::Config;
 use proxy_pool::distribution::{App, EXTRACT_PATH};
 use proxy_pool::local::{RedisServer, demo_proxies};
-use proxy_pool::pool::RedisPool;
+use proxy_pool::pool::{PoolContract, RedisPool};
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{ClientRegistry, Guard};
 use proxy_pool::server::ServeOptions;
@@ -60,7 +60,9 @@ pub async fn run(args: ServeArgs) -> CliResult {
     };
     let mut demo_key = None;
     if private.is_some() {
-        pool.upsert(&demo_proxies(args.demo_size, now_ms())).await?;
+        PoolContract::new(&pool)
+            .upsert(&demo_proxies(args.demo_size, now_ms()))
+            .await?;
         tokio::spawn(refresh_demo(pool.clone(), args.demo_size));
         // The demo client, unless a registry is given or none is needed.
         if config.auth_schemes.need_registry()
@@ -124,7 +126,10 @@ async fn refresh_demo(pool: RedisPool, demo_size: usize) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        if let Err(e) = pool.upsert(&demo_proxies(demo_size, now_ms())).await {
+        if let Err(e) = PoolContract::new(&pool)
+            .upsert(&demo_proxies(demo_size, now_ms()))
+            .await
+        {
             tracing::warn!(error = %e, "demo refresh failed");
         }
     }

@@ -2,7 +2,7 @@
 //! every combination or groups of them, as a table; or JSON) and `prune`.
 
 use proxy_pool::clock::rfc3339;
-use proxy_pool::pool::{EXPIRING_WITHIN, MAX_PRUNE_BATCH};
+use proxy_pool::pool::{EXPIRING_WITHIN, MAX_PRUNE_BATCH, Maintenance};
 use serde_json::json;
 
 use crate::cli::{PoolArgs, StatsArgs};
@@ -151,7 +151,9 @@ fn merge_counts(doc: &mut serde_json::Value, counts: &Counts) {
 /// `prune`.
 pub async fn prune(args: PoolArgs) -> CliResult {
     let (_, pool) = operator_pool(&args)?;
-    let report = pool.prune_expired(MAX_PRUNE_BATCH, u32::MAX, None).await?;
+    let report = Maintenance::new(&pool)
+        .prune_expired(MAX_PRUNE_BATCH, u32::MAX, None)
+        .await?;
     say!(
         "pruned {} expired proxies and tombstones, {} spent index entries and {} idempotency records in {} calls",
         report.records,

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use proxy_pool::local::{PoolShape, synthetic_proxy};
-use proxy_pool::pool::{NewProxy, PoolError, UpsertStatus};
+use proxy_pool::pool::{NewProxy, PoolContract, PoolError, UpsertStatus};
 use proxy_pool::security::RedisRegistry;
 use proxy_pool::security::credentials::CredentialHash;
 use tokio::task::JoinSet;
@@ -107,7 +107,7 @@ impl Bench {
                             p
                         })
                         .collect();
-                    let statuses = pool.upsert(&batch).await?;
+                    let statuses = PoolContract::new(&pool).upsert(&batch).await?;
                     let added = statuses
                         .iter()
                         .filter(|s| **s == UpsertStatus::Added)

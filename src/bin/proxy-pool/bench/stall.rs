@@ -11,7 +11,7 @@
 //!   20 ms, through `lua/upsert.lua`, as the bench's fills do);
 //! * C extraction clients call the handler back to back, `count=1`, every
 //!   other request `allOrNothing` (the others partial);
-//! * the scheduled job's prune ([`RedisPool::prune_expired`] with
+//! * the scheduled job's prune ([`Maintenance::prune_expired`] with
 //!   [`scheduled::PRUNE_BATCH`] and [`scheduled::PRUNE_BUDGET`], what the
 //!   EventBridge schedule runs) every `prune_every` seconds, the first one
 //!   period after the stall (EventBridge runs it once a minute);
@@ -43,6 +43,7 @@ use super::cell::{percentile, returned};
 use super::plan::{Plan, StallPlan};
 use super::report::{Progress, human, status_mix};
 use super::{Bench, BenchError, SlowlogConfig, Stage, Target, sleep_until_ms, stage};
+use proxy_pool::pool::Maintenance;
 
 /// The policy's maxHealthCheckAge in the bench's configuration (see
 /// `bench_config`), ms.
@@ -450,8 +451,7 @@ fn spawn_prune(
             }
             let started = Instant::now();
             let started_at = (proxy_pool::clock::now_ms() - stall_ms) as f64 / 1000.0;
-            let report = bench
-                .pool
+            let report = Maintenance::new(&bench.pool)
                 .prune_expired(
                     scheduled::PRUNE_BATCH,
                     u32::MAX,

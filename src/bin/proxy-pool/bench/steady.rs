@@ -41,7 +41,9 @@ use lambda_http::http::Request;
 use proxy_pool::clock::now_ms;
 use proxy_pool::distribution::EXTRACT_PATH;
 use proxy_pool::local::{PoolShape, synthetic_id, synthetic_proxy};
-use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, RedisOptions, RedisPool, Verdict};
+use proxy_pool::pool::{
+    CONTRACT_BATCH, ContractOp, PoolContract, RedisOptions, RedisPool, Verdict,
+};
 use proxy_pool::scheduled;
 use proxy_pool::security::PeerAddr;
 use serde::Serialize;
@@ -652,7 +654,7 @@ async fn controller(
             .collect();
         cursor = ids.start + (cursor - ids.start + due as u64) % (ids.end - ids.start);
         if !batch.is_empty() {
-            pool.upsert(&batch).await?;
+            PoolContract::new(&pool).upsert(&batch).await?;
             done.refreshed
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
         }
@@ -660,7 +662,7 @@ async fn controller(
         let first = next_fresh.fetch_add(fresh, Ordering::Relaxed);
         let fresh: Vec<_> = (first..first + fresh).map(renewed).collect();
         for chunk in fresh.chunks(2_000) {
-            pool.upsert(chunk).await?;
+            PoolContract::new(&pool).upsert(chunk).await?;
             done.added.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
     }
@@ -698,7 +700,7 @@ async fn health_checker(
         pass += (cursor + due as u64) / size;
         cursor = (cursor + due as u64) % size;
         for batch in ops.chunks(CONTRACT_BATCH) {
-            pool.apply_batch(batch).await?;
+            PoolContract::new(&pool).apply_batch(batch).await?;
             done.health.fetch_add(batch.len() as u64, Ordering::Relaxed);
         }
     }
@@ -729,7 +731,7 @@ async fn workers(
                 min_remaining_ttl: Duration::from_secs(60),
                 max_health_check_age: Duration::from_secs(3_600),
             };
-            let reply = pool.apply(&claim).await?;
+            let reply = PoolContract::new(&pool).apply(&claim).await?;
             done.worker_ops.fetch_add(1, Ordering::Relaxed);
             if reply.verdict != Verdict::Ok {
                 continue;
@@ -755,7 +757,7 @@ async fn workers(
                     epoch,
                 },
             ] {
-                pool.apply(&op).await?;
+                PoolContract::new(&pool).apply(&op).await?;
                 done.worker_ops.fetch_add(1, Ordering::Relaxed);
             }
         }

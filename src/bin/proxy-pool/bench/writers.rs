@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use proxy_pool::clock::now_ms;
 use proxy_pool::local::{synthetic_id, synthetic_proxy};
-use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, NewProxy};
+use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, NewProxy, PoolContract};
 use serde::Serialize;
 
 use super::{Bench, BenchError};
@@ -68,7 +68,7 @@ impl Bench {
             .collect();
         let refresh_us = self
             .per_item(sample, async {
-                self.pool.upsert(&refreshed).await?;
+                PoolContract::new(&self.pool).upsert(&refreshed).await?;
                 Ok(())
             })
             .await?;
@@ -81,7 +81,7 @@ impl Bench {
         let health_batched_us = self
             .per_item(sample, async {
                 for batch in results.chunks(CONTRACT_BATCH) {
-                    self.pool.apply_batch(batch).await?;
+                    PoolContract::new(&self.pool).apply_batch(batch).await?;
                 }
                 Ok(())
             })
@@ -90,7 +90,7 @@ impl Bench {
         let health_single_us = self
             .per_item(singles, async {
                 for seq in first..first + singles {
-                    self.pool.apply(&health(seq)).await?;
+                    PoolContract::new(&self.pool).apply(&health(seq)).await?;
                 }
                 Ok(())
             })
