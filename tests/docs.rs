@@ -4,7 +4,8 @@
 //! GitHub derives from it); the layer diagram in `docs/architecture.md`
 //! is the module map at the top of `src/lib.rs`; and the contract
 //! (`api/openapi/proxy-pool.yaml`) and `docs/errors.md` document exactly
-//! the problem codes the service can answer.
+//! the problem codes the service can answer; and `docs/testing.md` lists
+//! every file under `tests/`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 use std::collections::BTreeSet;
@@ -824,21 +825,59 @@ fn every_code_written_in_src_is_in_the_contract() {
     }
 }
 
-/// docs/testing.md names every integration test file, so a newcomer finds
-/// what each one proves.
-#[test]
-fn the_testing_page_lists_every_test_file() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let page = std::fs::read_to_string(root.join("docs/testing.md")).unwrap();
-    let mut missing = Vec::new();
-    for entry in std::fs::read_dir(root.join("tests")).unwrap() {
-        let name = entry.unwrap().file_name().into_string().unwrap();
-        if name.ends_with(".rs") && !page.contains(&format!("`tests/{name}`")) {
-            missing.push(name);
+/// The files under `tests/` a newcomer should find in docs/testing.md: the
+/// test files (`tests/*.rs`), the harness (`tests/common/*.rs`) and the
+/// Python client (`tests/python/*.py`), as paths from the repository root.
+fn test_files() -> BTreeSet<String> {
+    let mut files = BTreeSet::new();
+    for (dir, ext) in [
+        ("tests", "rs"),
+        ("tests/common", "rs"),
+        ("tests/python", "py"),
+    ] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() && path.extension().is_some_and(|e| e == ext) {
+                let name = path.file_name().unwrap().to_str().unwrap();
+                files.insert(format!("{dir}/{name}"));
+            }
         }
     }
+    files
+}
+
+/// The files docs/testing.md gives a row of their own: the code span
+/// opening a table row (`` | `tests/extract.rs` | ... ``).
+fn listed_test_files(page: &str) -> BTreeSet<String> {
+    page.lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once("` |"))
+        .map(|(path, _)| path.to_owned())
+        .filter(|path| path.starts_with("tests/"))
+        .collect()
+}
+
+/// docs/testing.md gives every file under `tests/` a row of its own, each
+/// test file saying what it proves (and the harness and the Python client
+/// what they are), and lists no file that is gone.
+#[test]
+fn the_testing_page_lists_every_test_file() {
+    let page = std::fs::read_to_string(root().join("docs/testing.md")).unwrap();
+    let listed = listed_test_files(&page);
+    let present = test_files();
+    assert!(present.len() > 30, "{present:?}");
+    let missing: Vec<_> = present.difference(&listed).collect();
     assert!(
         missing.is_empty(),
         "docs/testing.md lists no row for {missing:?}"
+    );
+    let gone: Vec<_> = listed.difference(&present).collect();
+    assert!(
+        gone.is_empty(),
+        "docs/testing.md lists {gone:?}, which are not under tests/"
+    );
+    assert_eq!(
+        listed_test_files("| `tests/a.rs` | x |\nsee `tests/b.rs` |\n| `scripts/c.sh` | y |"),
+        BTreeSet::from(["tests/a.rs".to_owned()])
     );
 }
