@@ -1,12 +1,12 @@
 //! The key layout has one description, and it is the code's: the table
 //! under "The keys" in `docs/data-model.md` names exactly the keys
-//! `PoolKeys` builds; every `{pp}:` name written in `src/`, `lua/` or the
-//! documentation is one of them; the scripts bind the seven pool keys in
-//! the table's order (and `docs/pool-contract.md` lists them so); the
-//! record's grammar in the page is the one `lua/prelude/record.lua`
-//! parses; and every key a pool's life writes in Redis has the type and
-//! TTL the table gives. A key renamed, added or retyped on one side only
-//! fails here.
+//! `PoolKeys` builds; every `{pp}:` name written in `src/`, `lua/`,
+//! `scripts/` or the documentation is one of them; the scripts bind the
+//! seven pool keys in the table's order (and `docs/pool-contract.md` and
+//! the programs that pass them list them so); the record's grammar in the
+//! page is the one `lua/prelude/record.lua` parses; and every key a
+//! pool's life writes in Redis has the type and TTL the table gives. A key
+//! renamed, added or retyped on one side only fails here.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
@@ -229,7 +229,8 @@ fn the_key_table_names_the_keys_the_code_builds() {
 /// The scripts bind `KEYS[1..7]` to the pool keys in `keys::POOL`'s order
 /// (`POOL_KEYS` in `lua/prelude/base.lua`), use no other pool key name
 /// (`K.<name>`), and `docs/pool-contract.md` lists them in that order for
-/// other programs.
+/// other programs, as the Python client of the contract and
+/// `scripts/count-instructions.py` pass them.
 #[test]
 fn the_scripts_and_the_contract_take_the_pool_keys_in_order() {
     let base = read("lua/prelude/base.lua");
@@ -267,6 +268,22 @@ fn the_scripts_and_the_contract_take_the_pool_keys_in_order() {
     let order = table_under(&contract, "### KEYS: the seven pool keys");
     let listed: Vec<String> = order[0].iter().flat_map(|c| code_spans(c)).collect();
     assert_eq!(listed, keys::POOL, "docs/pool-contract.md's KEYS[] order");
+
+    // The programs beside the code that pass the keys themselves.
+    let client = read("tests/python/contract_client.py");
+    let passed: Vec<String> = mentions(&client).into_iter().map(|(_, k)| k).collect();
+    assert_eq!(passed, keys::POOL, "tests/python/contract_client.py's KEYS");
+    let counter = read("scripts/count-instructions.py");
+    let list = counter
+        .lines()
+        .find_map(|l| l.strip_prefix("POOL_KEYS = ["))
+        .expect("scripts/count-instructions.py names its POOL_KEYS");
+    let counted: Vec<&str> = list
+        .trim_end_matches(']')
+        .split(',')
+        .map(|n| n.trim().trim_matches('"'))
+        .collect();
+    assert_eq!(counted, names, "POOL_KEYS in scripts/count-instructions.py");
 }
 
 /// The record's grammar shown in `docs/data-model.md` ("The record") is,
@@ -372,9 +389,10 @@ fn without_layout_1(text: &str) -> String {
     out
 }
 
-/// Every `{pp}:` key name written in `src/`, `lua/`, `docs/` or
-/// `README.md` is a key of the table (only the section of
-/// `docs/deploy.md` on moving off layout 1 names that layout's keys).
+/// Every `{pp}:` key name written in `src/`, `lua/`, `docs/`,
+/// `README.md`, `scripts/` or `tests/python/` is a key of the table (only
+/// the section of `docs/deploy.md` on moving off layout 1 names that
+/// layout's keys).
 #[test]
 fn every_key_name_written_anywhere_is_documented() {
     let rows = documented();
@@ -382,6 +400,9 @@ fn every_key_name_written_anywhere_is_documented() {
     sources.extend(files(&root().join("lua"), "lua"));
     sources.extend(files(&root().join("docs"), "md"));
     sources.push(root().join("README.md"));
+    sources.extend(files(&root().join("scripts"), "py"));
+    sources.extend(files(&root().join("scripts"), "sh"));
+    sources.extend(files(&root().join("tests/python"), "py"));
     let mut unknown = Vec::new();
     let mut seen = 0;
     for file in &sources {
