@@ -233,7 +233,7 @@ fn schema_errors(doc: &Value, pointer: &str, instance: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The seed contract's examples (`/work/shared/seeds/proxy-pool.openapi.yaml`,
+/// The seed contract's examples (the seed's `proxy-pool.openapi.yaml`,
 /// which the contract started as), each with the schema it stands under.
 fn seed_examples() -> Vec<(&'static str, Value)> {
     vec![
