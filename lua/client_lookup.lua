@@ -2,8 +2,8 @@
 -- client_lookup.lua: the registered client owning one credential digest, in
 -- O(1) (two hash reads), for the Redis client registry.
 --
--- KEYS[1]: {pp}:clients, HASH "<kind>:<hex sha256>" -> client id
--- KEYS[2]: {pp}:client,  HASH client id -> entry (JSON, registry document form)
+-- KEYS[1]: {pp}:clients, the credential digests (docs/data-model.md)
+-- KEYS[2]: {pp}:client, the client entries
 -- ARGV[1]: "<kind>:<hex sha256>" of the presented credential, kind one of
 --          apiKey, bearer, basic
 -- Returns: the owner's entry (JSON), or nil when no client owns the digest.

@@ -3,8 +3,8 @@
 -- or nothing. Every check (and every read) runs before the first write, so a
 -- refused batch changes nothing.
 --
--- KEYS[1]: {pp}:clients, HASH "<kind>:<hex sha256>" -> client id
--- KEYS[2]: {pp}:client,  HASH client id -> entry (JSON, registry document form)
+-- KEYS[1]: {pp}:clients, the credential digests (docs/data-model.md)
+-- KEYS[2]: {pp}:client, the client entries
 -- ARGV[1]: "add" (refuse an id already registered), "replace" (refuse an id
 --          not registered) or "put" (either)
 -- ARGV[2..]: per client: id, entry (JSON), n, then its n credential fields

@@ -3,8 +3,8 @@
 -- every credential it owns, in one atomic call: the next lookup on any
 -- instance refuses them. Reads everything before the first write.
 --
--- KEYS[1]: {pp}:clients, HASH "<kind>:<hex sha256>" -> client id
--- KEYS[2]: {pp}:client,  HASH client id -> entry (JSON, registry document form)
+-- KEYS[1]: {pp}:clients, the credential digests (docs/data-model.md)
+-- KEYS[2]: {pp}:client, the client entries
 -- ARGV[1]: client id
 -- Returns: the number of credentials removed, or -1 when the id is not registered.
 

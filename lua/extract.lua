@@ -2,15 +2,17 @@
 -- extract.lua: take up to `count` eligible proxies out of the pool, atomically.
 --
 -- KEYS[1..7]: the pool keys (prelude/base.lua); with usage counters, then
---   {pp}:usage:<hour A>, {pp}:usage:<hour B>  HASH: the hourly counters of
---   the two hours the caller's clock may be in (its time -/+ ten minutes)
+--   {pp}:usage:<hour A>, {pp}:usage:<hour B>: the usage counters of the
+--   two hours the caller's clock may be in (its time -/+ ten minutes)
 -- ARGV[1]  the caller's pool policy "<maxHealthCheckAge ms>|<minRemainingTTL ms>"
 -- ARGV[2]  count, 1..1000
 -- ARGV[3]  fulfillment: "partial" or "allOrNothing"
 -- ARGV[4]  reserve: eligible proxies matching the filters to leave
 -- ARGV[5]  the request id, copied into the result
 -- ARGV[6]  which groups of arguments follow, in this order: "f" the
---          filters, "i" idempotency, "u" usage counters (e.g. "", "fi")
+--          filters, "i" idempotency, "u" usage counters (e.g. "", "fi");
+--          and "s" (no arguments): the caller's last round, answered from
+--          what this call reaches, never "again"
 -- then, for "f": the filters on protocol, region, carrier, upstream (four
 --          arguments): "*" does not restrict; otherwise each allowed value
 --          preceded by "\n" (so "" allows nothing and "\n" only the unknown "")
@@ -26,8 +28,10 @@
 --                       (prelude/record.lua), soonest-expiring first
 --   {"replay", result}  the key holds this digest: nothing extracted
 --   {"conflict"}        the key holds another digest: nothing extracted
---   {"insufficient", M, now}  allOrNothing not met: M = eligible - reserve,
---                       at the Redis clock `now` (ms)
+--   {"insufficient", M, now[, "backlog"]}  allOrNothing not met: M =
+--                       eligible - reserve, at the Redis clock `now` (ms);
+--                       "backlog" on a last round ("s") that could not
+--                       count or walk every entry (M is then what it reached)
 --   {"again"}           nothing was extracted: this call only took spent or
 --                       damaged entries out of the index (progress that
 --                       persists); the caller calls again

@@ -3,9 +3,9 @@
 -- in one call. A request is admitted only if every limit admits it, and only
 -- then is any limit charged.
 --
--- KEYS[i]: {pp}:rl:global or {pp}:rl:client:<sha256(client id)>, STRING
---          holding the limit's theoretical arrival time (ms); expires when the
---          bucket is full again
+-- KEYS[i]: {pp}:rl:global or {pp}:rl:client:<sha256(client id)>, the
+--          limit's theoretical arrival time (docs/data-model.md), set to
+--          expire when the bucket is full again
 -- ARGV[2i-1]: emission interval of KEYS[i], ms per request (may be fractional)
 -- ARGV[2i]:   burst of KEYS[i], requests
 -- Returns: {admitted (1 or 0), retry_after_ms, then per key: remaining, reset_ms}

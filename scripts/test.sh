@@ -18,7 +18,8 @@
 #                                tests and the core integration tests
 #                                (extraction, HTTP, admission, pool contract,
 #                                its Python client, model, shapes at a small N,
-#                                docs, architecture) against a private
+#                                docs, the contract's codes, the key layout,
+#                                architecture) against a private
 #                                redis-server. No end-to-end run, no cluster,
 #                                no PostgreSQL, no SAM build.
 #
@@ -67,8 +68,9 @@ if [ "$tier" = quick ]; then
   # The core surfaces, at the sizes the full run uses (the model's default
   # case counts; MODEL_CASES and PROXY_POOL_SHAPES_POOL set by the caller win).
   stage "core integration tests" cargo test --locked \
-    --test architecture --test docs --test extract --test http_api \
-    --test admission --test contract --test contract_python --test model --test shapes
+    --test architecture --test docs --test openapi --test key_layout --test extract \
+    --test http_api --test admission --test contract --test contract_python --test model \
+    --test shapes
   exit 0
 fi
 

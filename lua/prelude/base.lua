@@ -5,21 +5,12 @@
 -- joined in front of each pool script run by EVALSHA where Functions are
 -- refused (src/pool/scripts.rs). Its top level only defines.
 --
--- Every pool key shares the hash tag {pp} and the layout prefix v2:
---   {pp}:v2:rec    HASH  id -> the proxy's record (prelude/record.lua)
---   {pp}:v2:due    ZSET  locator -> when the record next needs attention:
---                        its deadline D while indexed (band 0, D < 1e13),
---                        1e13 + its expiry otherwise (band 1)
---   {pp}:v2:ax     ZSET  (lex) locator: every indexed proxy, one slice per
---                        combination, in expiry order
---   {pp}:v2:hd     ZSET  (lex) the head of every combination with indexed
---                        proxies, in five groupings (prelude/index.lua)
---   {pp}:v2:cnt    HASH  counts and heads per combination and per grouping
---                        value; "meta" -> "<layout>|<A ms>|<m ms>"
---   {pp}:v2:idem   HASH  sha256(client, Idempotency-Key) -> a committed result
---   {pp}:v2:idemx  ZSET  the same field -> when it stops being in force
--- None of them carries a TTL: under a volatile-* eviction policy Redis can
--- evict only keys that have one. What expires is removed by the scripts.
+-- The pool keys are KEYS[1..7] of every pool script, in the order of
+-- POOL_KEYS below: {pp}:v2:rec, {pp}:v2:due, {pp}:v2:ax, {pp}:v2:hd,
+-- {pp}:v2:cnt, {pp}:v2:idem, {pp}:v2:idemx ({pp} is the pool's hash tag).
+-- docs/data-model.md ("The keys") describes each: its type, its fields or
+-- members, and its TTL: none, so that a volatile-* eviction policy never
+-- evicts one; what expires is removed by the scripts.
 
 -- The library functions every script uses, as locals (upvalues are the
 -- cheapest names Lua has). A function library's top level runs where only

@@ -2,23 +2,14 @@
 -- script collects while it reads and applies at its end.
 --
 -- A record is indexed when it is indexable (prelude/record.lua) as it is
--- written; then:
---   due  scores its locator by its deadline D (band 0: "counted"); a record
---        that is not indexed, a tombstone included, has 1e13 + its expiry
---        (band 1)
---   ax   holds its locator "<p>|<r>|<c>|<u>|<expiry>|<id>": the slice of its
---        combination ("atom" "<p>|<r>|<c>|<u>") in expiry order, then id
---   cnt  counts it: "<atom>" -> "<head>\t<n>" (n its entries in band 0, head
---        "<expiry>|<id>" the first of its slice in ax, "" when none), and
---        "P|<p>", "R|<p>|<r>", "C|<p>|<c>", "U|<p>|<u>" -> "<n>|<a>" (a the
---        combinations of that grouping value with a head)
---   hd   holds the head of its atom once per grouping, so a request walks
---        the atoms of what it names in head order:
---          G|<head>|<atom>          every atom
---          P|<p>|<head>|<atom>      by protocol
---          R|<p>|<r>|<head>|<atom>  by (protocol, region)
---          C|<p>|<c>|<head>|<atom>  by (protocol, carrier)
---          U|<p>|<u>|<head>|<atom>  by (protocol, upstream)
+-- written: its locator then scores its deadline D in due (band 0,
+-- "counted"; a record not indexed, a tombstone included, scores 1e13 + its
+-- expiry: band 1) and is in its combination's slice of ax (a combination,
+-- "atom", is "<p>|<r>|<c>|<u>"); cnt counts it, and the first entry of
+-- each slice (its atom's "head", "<expiry>|<id>") is in hd once per
+-- grouping (G, P, R, C, U). docs/data-model.md ("The keys") gives every
+-- member and field these keys hold; the code below builds them.
+--
 -- Time alone writes nothing: an indexed record whose D passes stays counted,
 -- "spent". A walk that passes it takes it out of ax only (a trim of the
 -- slice's head, cheap); a drain (the prune, a count that must subtract too

@@ -1,10 +1,12 @@
--- prelude/record.lua: one proxy's record, the one place its grammar lives.
--- A record is one field of {pp}:v2:rec, the proxy id -> a fixed-format
--- string (times are 13 digits of Unix ms):
+-- prelude/record.lua: one proxy's record, the code that reads and writes
+-- it. A record is one field of {pp}:v2:rec, the proxy id -> a fixed-format
+-- string (times are 13 digits of Unix ms); docs/data-model.md ("The
+-- record") shows the same three lines, and tests/key_layout.rs keeps them
+-- the same:
 --
 --   live       <S><H><D><U><C><locator>\t<host>\t<port>\t<user>\t<pass>\t<epoch>\t<active>\t<reserved>\t<owner>
 --   tombstone  X<locator>
---   locator    <protocol>|<region>|<carrier>|<upstream>|<expiresAt>|<id>
+--   locator    <protocol>|<region>|<carrier>|<upstream>|<expiry>|<id>
 --
 -- S the status: A AVAILABLE (no owner), C CLAIMED, G DRAINING, R DRAINED
 -- (Active = Reserved = 0); H the last health check: 1 passed, 0 failed;
@@ -16,7 +18,7 @@
 --
 -- The deadline D is the instant the record stops being eligible unless
 -- something is written (rules 1, 3 and 4 in one comparison, `now < D`):
---   D = min(U, expiresAt - max(m, 1) + 1, C + A + 1)
+--   D = min(U, expiry - max(m, 1) + 1, C + A + 1)
 -- A record is indexable when allocatable (S is A or R), healthy (H is 1)
 -- and its D is ahead; indexed records are in {pp}:v2:ax (prelude/index.lua).
 

@@ -13,7 +13,7 @@ macro_rules! codes {
     ($($(#[doc = $doc:literal])+ $variant:ident = $text:literal, $status:ident, $title:literal;)+) => {
         /// Every machine-readable `code` a problem can carry. Each has one
         /// status and one title; `api/openapi/proxy-pool.yaml` documents
-        /// exactly these (`tests/docs.rs` holds the two together).
+        /// exactly these (`tests/openapi.rs` holds the two together).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Code {
             $($(#[doc = $doc])+ $variant,)+

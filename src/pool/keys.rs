@@ -4,6 +4,10 @@
 //! Redis Cluster, each on its own slot, and the product builds every key
 //! name from its pool's [`PoolKeys`]. The constants below are the default
 //! pool's (`pp`) names, kept for tests and documentation.
+//!
+//! This module only names the keys: docs/data-model.md ("The keys") is the
+//! one description of each (its type, fields or members, and TTL), and
+//! `tests/key_layout.rs` fails when the two disagree.
 
 use std::fmt;
 
@@ -17,35 +21,23 @@ pub const HASH_TAG: &str = "{pp}";
 /// refused, never misread.
 pub const LAYOUT: &str = "2";
 
-/// `HASH` proxy id -> its record: one fixed-format string holding its
-/// state and details (`lua/prelude/record.lua`), or once it is handed out
-/// its tombstone, kept until its expiry.
+/// The proxies' records and tombstones.
 pub const RECORDS: &str = "{pp}:v2:rec";
-/// `ZSET` locator -> the instant the record next needs attention: its
-/// deadline while indexed (below 1e13), 1e13 + its expiry otherwise.
+/// When each record next needs attention (its deadline, or its expiry).
 pub const DUE: &str = "{pp}:v2:due";
-/// `ZSET` (lex) of the locators `<p>|<r>|<c>|<u>|<expiry>|<id>` of every
-/// indexed proxy: one slice per combination, in expiry order.
+/// The index: the locators of the indexed proxies.
 pub const INDEX: &str = "{pp}:v2:ax";
-/// `ZSET` (lex): the head (first entry) of every combination with indexed
-/// proxies, in five groupings (`G|`, `P|<p>|`, `R|<p>|<r>|`, `C|<p>|<c>|`,
-/// `U|<p>|<u>|`), each then `<expiry>|<id>|<p>|<r>|<c>|<u>`.
+/// The head of every combination with indexed proxies.
 pub const HEADS: &str = "{pp}:v2:hd";
-/// `HASH`: `<p>|<r>|<c>|<u>` -> `<head>\t<indexed entries>`; `P|<p>`,
-/// `R|<p>|<r>`, `C|<p>|<c>`, `U|<p>|<u>` -> `<indexed entries>|<combinations
-/// with a head>`; `V|<R, C or U>|<p>` -> the values with such a counter,
-/// each after a newline; `held` -> records CLAIMED or DRAINING; `meta` ->
-/// `<layout>|<maxHealthCheckAge ms>|<minRemainingTTL ms>`, recorded by the
-/// first write.
+/// The counts, and the pool's `meta` field (its layout and policy).
 pub const COUNTS: &str = "{pp}:v2:cnt";
-/// `HASH` [`idempotency`] field -> a committed extraction for replay:
-/// `<digest><in force until, 13 digits of ms><result>`.
+/// Committed extractions for replay, by [`idempotency`] field.
 pub const IDEMPOTENCY: &str = "{pp}:v2:idem";
-/// `ZSET` [`idempotency`] field -> the instant its record stops being in force.
+/// When each idempotency record stops being in force.
 pub const IDEMPOTENCY_DUE: &str = "{pp}:v2:idemx";
 
 /// The keys every pool script takes first, in the order `lua/prelude/base.lua`
-/// names them. None carries a Redis TTL: under a `volatile-*` eviction
+/// binds them. None carries a Redis TTL: under a `volatile-*` eviction
 /// policy only keys with one can be evicted, and losing any of these would
 /// lose proxies or a guarantee. The scripts remove what expires.
 pub const POOL: [&str; 7] = [
@@ -58,13 +50,12 @@ pub const POOL: [&str; 7] = [
     IDEMPOTENCY_DUE,
 ];
 
-/// `HASH` hour (Unix s of its start) -> `"<calls> <proxies>"`: closed hours
-/// of usage counters a flush saw but could not move to PostgreSQL, so a
-/// later flush can tell what expired before it was moved.
+/// Closed hours of usage counters a flush saw but could not move to
+/// PostgreSQL, so a later flush can tell what expired before it was moved.
 pub const USAGE_UNFLUSHED: &str = "{pp}:usage:unflushed";
 
-/// `HASH` of one hour's usage counters (`lua/extract.lua`, step 6), by the
-/// Unix second its hour starts at.
+/// One hour's usage counters (written by `lua/extract.lua`), by the Unix
+/// second its hour starts at.
 pub fn usage_hour(hour_start_s: i64) -> String {
     usage_hour_under(HASH_TAG, hour_start_s)
 }
@@ -72,17 +63,15 @@ pub fn usage_hour(hour_start_s: i64) -> String {
 fn usage_hour_under(hash_tag: &str, hour_start_s: i64) -> String {
     format!("{hash_tag}:usage:{hour_start_s}")
 }
-/// `HASH` `"<kind>:<hex sha256>"` -> client id: every credential digest of
-/// the Redis client registry (`kind` is `apiKey`, `bearer` or `basic`).
+/// The credential digests of the Redis client registry.
 pub const CLIENT_CREDENTIALS: &str = "{pp}:clients";
-/// `HASH` client id -> its entry (JSON, the registry document's form:
-/// digests and settings, never a secret).
+/// The client entries of the Redis client registry.
 pub const CLIENT_ENTRIES: &str = "{pp}:client";
 
-/// `STRING`: the global rate limit's theoretical arrival time (GCRA, ms).
+/// The global rate limit's state.
 pub const RATE_GLOBAL: &str = "{pp}:rl:global";
 
-/// `STRING`: one client's rate limit state (client id hashed).
+/// One client's rate limit state (its id hashed).
 pub fn rate_client(client_id: &str) -> String {
     rate_client_under(HASH_TAG, client_id)
 }

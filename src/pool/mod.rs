@@ -15,14 +15,11 @@
 //! [`UsageStore`] (the hourly usage counters extraction writes and a flush
 //! moves elsewhere). It depends on nothing else in the crate but `clock`.
 //!
-//! Each proxy is one record (`{pp}:v2:rec`, a tombstone once extracted);
-//! every allocatable, healthy proxy whose deadline was ahead when it was
-//! written is indexed: its locator in `{pp}:v2:ax` (one expiry-ordered
-//! slice per combination) and in band 0 of `{pp}:v2:due` (by its
-//! deadline), counted in `{pp}:v2:cnt`, its combination's head in
-//! `{pp}:v2:hd`. No pool key carries a TTL. `lua/prelude/` and
-//! docs/data-model.md describe it in full. (The in-memory reference model
-//! lives with the tests, in `tests/common/model.rs`.)
+//! Each proxy is one record, a tombstone once extracted, and an index over
+//! the records answers extraction; no pool key carries a TTL.
+//! docs/data-model.md describes every key (`keys` only names them) and
+//! the index. (The in-memory reference model lives with the tests, in
+//! `tests/common/model.rs`.)
 
 mod acknowledger;
 mod clients;

@@ -5,9 +5,9 @@ use std::fmt;
 use std::time::Duration;
 
 /// `maxHealthCheckAge` and `minRemainingTTL` of one pool. The first write
-/// records it in `{pp}:policy`; a caller configured otherwise is refused
-/// (`OutageClass::Policy`) with both values, never answered from an index
-/// ordered for another policy.
+/// records it in the pool's `meta` field (docs/data-model.md); a caller
+/// configured otherwise is refused (`OutageClass::Policy`) with both
+/// values, never answered from an index ordered for another policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolPolicy {
     /// Oldest acceptable successful health check.
@@ -36,7 +36,7 @@ impl PoolPolicy {
         )
     }
 
-    /// Parses the scripts' form (as recorded in `{pp}:policy`).
+    /// Parses the scripts' form (as recorded in the pool's `meta` field).
     pub fn parse_script_arg(s: &str) -> Option<Self> {
         let (age, ttl) = s.split_once('|')?;
         Some(Self {
