@@ -1,21 +1,24 @@
 //! Typed settings, read once from `PROXY_POOL_*` environment variables.
 //!
 //! A leaf: this module imports nothing from the crate. [`Config`] is plain
-//! data (numbers, durations, flags, text, and the value types in
-//! [`values`], each with its grammar), checked whole when it is read, so a
-//! bad variable stops the process at start-up with an error naming it.
-//! Each layer builds its own option struct from a `Config`, next to that
-//! struct: `Config::policy` in `extraction`, `Config::settings` in
-//! `distribution`, `Config::aggregates_options` in `aggregates`, and
-//! `Config::redis_options` in `startup` (the pool never sees `Config`).
+//! data: numbers, durations, flags, text, and the value types a setting is
+//! made of ([`PoolName`], [`Fulfillment`], [`Rate`], [`AuthSchemes`],
+//! [`SourcePolicy`], [`DatabaseUrl`]), each with its grammar; the layers
+//! that use those re-export them. A `Config` is checked whole when it is
+//! read, so a bad variable stops the process at start-up with an error
+//! naming it. Each layer builds its own option struct from a `Config`,
+//! next to that struct: `Config::policy` in `extraction`,
+//! `Config::settings` in `distribution`, `Config::aggregates_options` in
+//! `aggregates`, and `Config::redis_options` in `startup` (the pool never
+//! sees `Config`).
 //!
 //! Files: this one holds the settings, their defaults and their digest
 //! (`version`); `env.rs` reads them from the environment (every variable,
 //! its bound and its error message, with the tests of each); `values.rs`
-//! the value types.
+//! holds the value types.
 
 mod env;
-pub mod values;
+mod values;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::keys::PoolKeys;
-// Also a setting (`PROXY_POOL_DEFAULT_FULFILLMENT`), so its type lives with
+// A setting too (`PROXY_POOL_DEFAULT_FULFILLMENT`), so its type lives with
 // the settings.
 pub use crate::config::Fulfillment;
 
