@@ -14,35 +14,42 @@
 //!   `proxy-pool serve`.
 //! * [`startup`] → config, secrets, security, pool, aggregates: what the
 //!   Lambda function and `serve` do before serving, the same way: the Redis
-//!   URL (re-read from its secret when Redis refuses it), the pool, the
-//!   client registry and the aggregates database.
-//! * [`config`] → pool, security, extraction, distribution, aggregates: typed settings
-//!   from `PROXY_POOL_*` variables, and the plain option structs each layer
-//!   takes (no layer below reads the configuration itself).
+//!   URL (re-read from its secret when Redis refuses it), the pool (whose
+//!   options it builds from the settings: the pool never sees `Config`),
+//!   the client registry and the aggregates database.
 //! * [`scheduled`] → aggregates, pool, clock: the EventBridge health check:
 //!   readiness, prune, inventory as CloudWatch Embedded Metric Format lines,
 //!   and the flush of the usage aggregates.
-//! * [`aggregates`] → secrets, pool, clock: usage aggregates in PostgreSQL:
-//!   the flush of closed hourly counters out of Redis, the schema's
-//!   migrations, the queries behind `proxy-pool usage`. Never on the
-//!   extraction path.
+//! * [`aggregates`] → secrets, pool, clock, config: usage aggregates in
+//!   PostgreSQL: the flush of closed hourly counters out of Redis, the
+//!   schema's migrations, the queries behind `proxy-pool usage`. Never on
+//!   the extraction path.
 //! * [`secrets`] → security: AWS Secrets Manager: the client registry
 //!   document and Redis credentials.
-//! * [`distribution`] → extraction, security, httpapi, pool: the thin HTTP
-//!   adapter shared by Lambda and `serve`: routing, admission, decoding,
-//!   health, and the one place a pool failure becomes a problem.
-//! * [`extraction`] → security, pool, httpapi, clock: the request and its
-//!   validation, the service applying the caller's identity and the
+//! * [`distribution`] → extraction, security, httpapi, pool, config: the
+//!   thin HTTP adapter shared by Lambda and `serve`: routing, admission,
+//!   decoding, health, and the one place a pool failure becomes a problem.
+//! * [`extraction`] → security, pool, httpapi, clock, config: the request
+//!   and its validation, the service applying the caller's identity and the
 //!   server's policy, the rendered body.
-//! * [`security`] → pool, httpapi: who is calling and may they: trusted
-//!   proxies, source control, authentication, the client registry (a
-//!   document in memory, or one entry per client in Redis), rate limits.
+//! * [`security`] → pool, httpapi, config: who is calling and may they:
+//!   trusted proxies, source control, authentication, the client registry
+//!   (a document in memory, or one entry per client in Redis), rate limits.
 //! * [`local`] → pool: a private `redis-server` and synthetic proxies (the
 //!   demo pool, the bench's pools).
 //! * [`httpapi`]: request ids, RFC 9457 problems, JSON responses.
-//! * [`pool`] → clock: the Redis pool: key layout, Lua scripts (`lua/`), the
-//!   adapter and its connection (one server or a Redis Cluster, TLS, replica
-//!   acks), the contract operations, upkeep, the Redis client registry's keys.
+//! * [`pool`] → clock, config: the Redis pool: key layout, Lua scripts
+//!   (`lua/`), the adapter and its connection (one server or a Redis
+//!   Cluster, TLS, replica acks), the contract operations, upkeep, the Redis
+//!   client registry's keys. From `config` it takes value types only (its
+//!   name, a fulfillment), never `Config`.
+//! * [`config`]: a leaf: typed settings from `PROXY_POOL_*` variables,
+//!   checked whole at start-up, and the value types they are made of
+//!   (`PoolName`, `Fulfillment`, `Rate`, `AuthSchemes`, `SourcePolicy`,
+//!   `DatabaseUrl`; the layers re-export them). Each layer builds its own
+//!   options from a `Config` (`settings()` in distribution, `policy()` in
+//!   extraction, `aggregates_options()` in aggregates; `redis_options()` in
+//!   startup); no layer reads the environment itself.
 //! * [`clock`]: the machine's clock and RFC 3339.
 //! * [`telemetry`]: tracing set-up (JSON in Lambda, text locally).
 

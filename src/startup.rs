@@ -2,7 +2,9 @@
 //! done the same way for both: the Redis URL (possibly from a Secrets
 //! Manager secret), the client registry (Secrets Manager, a local file,
 //! or a fixed one), chosen by the same rules, and the aggregates database
-//! (its URL or its secret; contacted only by a flush).
+//! (its URL or its secret; contacted only by a flush). The pool's options
+//! are built here from the settings ([`Config::redis_options`]), as the
+//! pool never sees [`Config`].
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -11,7 +13,7 @@ use std::sync::Arc;
 
 use crate::aggregates::{Aggregates, DatabaseSource};
 use crate::config::Config;
-use crate::pool::{CredentialSource, PoolError, RedisPool};
+use crate::pool::{CredentialSource, PoolError, PoolPolicy, RedisOptions, RedisPool};
 use crate::secrets::{
     RegistrySource, SecretStore, redis_url_from_secret, start_registry, start_registry_strict,
 };
@@ -21,6 +23,25 @@ use crate::security::{ClientRegistry, Directory, RedisRegistry, RegistryHandle};
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct StartupError(String);
+
+impl Config {
+    /// How to reach Redis (everything but the URL).
+    pub fn redis_options(&self) -> RedisOptions {
+        RedisOptions {
+            timeout: self.redis_timeout,
+            cluster: self.redis_cluster,
+            functions: self.redis_functions,
+            ca_file: self.redis_ca_file.clone(),
+            replica_acks: self.replica_acks,
+            replica_ack_timeout: self.replica_ack_timeout,
+            policy: PoolPolicy {
+                max_health_check_age: self.max_health_check_age,
+                min_remaining_ttl: self.min_remaining_ttl,
+            },
+            pool: self.pool_name.clone(),
+        }
+    }
+}
 
 /// A Secrets Manager client, when the configuration names any secret.
 pub async fn secret_store(config: &Config) -> Option<SecretStore> {
@@ -152,4 +173,44 @@ pub fn aggregates(config: &Config, store: Option<&SecretStore>) -> Option<Aggreg
         _ => DatabaseSource::Url(config.aggregates_database_url.clone()?),
     };
     Some(Aggregates::new(source, config.aggregates_options()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Each layer's options carry the settings they are built from.
+    #[test]
+    fn options_carry_the_settings() {
+        let config = Config {
+            pool_name: crate::pool::PoolName::parse("eu").unwrap(),
+            redis_functions: false,
+            max_health_check_age: Duration::from_secs(7),
+            aggregates_ca_file: Some("/etc/rds.pem".into()),
+            aggregates_retention: Duration::from_secs(48 * 3600),
+            aggregates_timeout: Duration::from_millis(1500),
+            ..Config::default()
+        };
+        let redis = config.redis_options();
+        assert_eq!(redis.pool, config.pool_name);
+        assert!(!redis.functions);
+        assert_eq!(redis.policy.max_health_check_age, Duration::from_secs(7));
+        let aggregates = config.aggregates_options();
+        assert_eq!(aggregates.ca_file, config.aggregates_ca_file);
+        assert_eq!(aggregates.retention, config.aggregates_retention);
+        assert_eq!(aggregates.timeout, config.aggregates_timeout);
+        // Extractions are counted only with a database to flush them to.
+        assert_eq!(config.policy().usage_retention, None);
+        let counted = Config {
+            aggregates_database_secret_id: Some("aggregates".into()),
+            ..config.clone()
+        };
+        assert_eq!(
+            counted.settings().policy.usage_retention,
+            Some(config.aggregates_retention)
+        );
+        assert_eq!(counted.settings().config_version, counted.version());
+    }
 }

@@ -3,9 +3,7 @@
 //! statements the flush runs.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +13,9 @@ use tokio_postgres::Client;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::error::AggregatesError;
+// A setting (`PROXY_POOL_AGGREGATES_DATABASE_URL`), so its type lives with
+// the settings.
+pub use crate::config::DatabaseUrl;
 use crate::pool::{HourUsage, UsageOutcome};
 
 /// The schema, in order: (version, name, SQL). Applied versions are kept in
@@ -26,66 +27,6 @@ const MIGRATION_LOCK: i64 = 0x0070_702d_6167_6772;
 /// Rows sent per `INSERT … SELECT FROM unnest(…)`.
 const ROWS_PER_STATEMENT: usize = 5000;
 
-/// A PostgreSQL URL (`postgres://user:password@host:port/db?sslmode=…`).
-/// It carries a password: its `Debug` shows nothing, and no message quotes it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct DatabaseUrl(String);
-
-impl fmt::Debug for DatabaseUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("DatabaseUrl(<redacted>)")
-    }
-}
-
-impl DatabaseUrl {
-    /// Checks that `url` is a PostgreSQL URL tokio-postgres understands.
-    pub fn parse(url: &str) -> Result<Self, AggregatesError> {
-        let url = url.trim();
-        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Err(AggregatesError::Settings(
-                "the database URL must start with postgres:// or postgresql://".into(),
-            ));
-        }
-        tokio_postgres::Config::from_str(url).map_err(|_| {
-            AggregatesError::Settings("the database URL is not a valid PostgreSQL URL".into())
-        })?;
-        Ok(Self(url.to_owned()))
-    }
-
-    /// Which database it names, without its password:
-    /// `user@host:port,host:port/dbname`.
-    pub fn without_password(&self) -> String {
-        let Ok(config) = self.config() else {
-            return String::new();
-        };
-        // One port serves every host; none: the default.
-        let ports = config.get_ports();
-        let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-        let hosts: Vec<String> = config
-            .get_hosts()
-            .iter()
-            .enumerate()
-            .map(|(i, host)| (host, port(i)))
-            .map(|(host, port)| match host {
-                tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
-                tokio_postgres::config::Host::Unix(path) => format!("{}:{port}", path.display()),
-            })
-            .collect();
-        format!(
-            "{}@{}/{}",
-            config.get_user().unwrap_or_default(),
-            hosts.join(","),
-            config.get_dbname().unwrap_or_default()
-        )
-    }
-
-    fn config(&self) -> Result<tokio_postgres::Config, AggregatesError> {
-        tokio_postgres::Config::from_str(&self.0).map_err(|_| {
-            AggregatesError::Settings("the database URL is not a valid PostgreSQL URL".into())
-        })
-    }
-}
-
 /// The database URL from a Secrets Manager secret: a bare `postgres://`
 /// URL, `{"url": …}`, or the document RDS keeps for a managed password
 /// (`{"username", "password", "host", "port", "dbname"}`, which becomes a
@@ -94,11 +35,11 @@ pub fn database_url_from_secret(secret: &str) -> Result<DatabaseUrl, AggregatesE
     let secret = secret.trim();
     let Ok(serde_json::Value::Object(doc)) = serde_json::from_str::<serde_json::Value>(secret)
     else {
-        return DatabaseUrl::parse(secret);
+        return Ok(DatabaseUrl::parse(secret)?);
     };
     let text = |k: &str| doc.get(k).and_then(|v| v.as_str()).map(str::to_owned);
     if let Some(url) = text("url") {
-        return DatabaseUrl::parse(&url);
+        return Ok(DatabaseUrl::parse(&url)?);
     }
     let (Some(user), Some(password), Some(host)) =
         (text("username"), text("password"), text("host"))
@@ -122,12 +63,12 @@ pub fn database_url_from_secret(secret: &str) -> Result<DatabaseUrl, AggregatesE
         percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
     };
     let dbname = text("dbname").unwrap_or_else(|| "postgres".into());
-    DatabaseUrl::parse(&format!(
+    Ok(DatabaseUrl::parse(&format!(
         "postgres://{}:{}@{host}:{port}/{}?sslmode=require",
         enc(&user),
         enc(&password),
         enc(&dbname)
-    ))
+    ))?)
 }
 
 /// The TLS connector: rustls (aws-lc-rs), trusting `ca_file` (PEM) or else
@@ -178,7 +119,7 @@ impl Database {
         tls: MakeRustlsConnect,
         connect_timeout: Duration,
     ) -> Result<Self, AggregatesError> {
-        let mut config = url.config()?;
+        let mut config = url.postgres_config()?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(connect_timeout);
         }
@@ -351,16 +292,22 @@ mod tests {
     #[test]
     fn secret_shapes() {
         let bare = database_url_from_secret("postgres://u:p@db:5432/x").unwrap();
-        assert_eq!(bare.0, "postgres://u:p@db:5432/x");
+        assert_eq!(
+            bare,
+            DatabaseUrl::parse("postgres://u:p@db:5432/x").unwrap()
+        );
         let url = database_url_from_secret(r#"{"url":"postgresql://u:p@db/x"}"#).unwrap();
-        assert_eq!(url.0, "postgresql://u:p@db/x");
+        assert_eq!(url, DatabaseUrl::parse("postgresql://u:p@db/x").unwrap());
         let rds = database_url_from_secret(
             r#"{"engine":"postgres","username":"app","password":"p@ss word","host":"db.example","port":5432,"dbname":"usage"}"#,
         )
         .unwrap();
         assert_eq!(
-            rds.0,
-            "postgres://app:p%40ss%20word@db.example:5432/usage?sslmode=require"
+            rds,
+            DatabaseUrl::parse(
+                "postgres://app:p%40ss%20word@db.example:5432/usage?sslmode=require"
+            )
+            .unwrap()
         );
         assert_eq!(format!("{rds:?}"), "DatabaseUrl(<redacted>)");
         assert!(database_url_from_secret(r#"{"username":"app"}"#).is_err());

@@ -1,6 +1,7 @@
 //! Why the aggregates database could not be used. Messages name kinds and
 //! SQLSTATE codes, never a URL, a password, SQL text or a server's words.
 
+use crate::config::InvalidDatabaseUrl;
 use crate::pool::PoolError;
 
 /// Why a flush or a usage query did not finish.
@@ -18,6 +19,12 @@ pub enum AggregatesError {
     /// The Redis side (reading or forgetting counters).
     #[error(transparent)]
     Pool(#[from] PoolError),
+}
+
+impl From<InvalidDatabaseUrl> for AggregatesError {
+    fn from(e: InvalidDatabaseUrl) -> Self {
+        Self::Settings(e.to_string())
+    }
 }
 
 impl From<tokio_postgres::Error> for AggregatesError {

@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::config::Config;
 use crate::secrets::SecretStore;
 
 pub use database::{DatabaseUrl, database_url_from_secret};
@@ -37,6 +38,17 @@ pub struct AggregatesOptions {
     pub retention: Duration,
     /// Bound on one flush's (or query's) PostgreSQL work, connecting included.
     pub timeout: Duration,
+}
+
+impl Config {
+    /// How to use the aggregates database (everything but where it is).
+    pub fn aggregates_options(&self) -> AggregatesOptions {
+        AggregatesOptions {
+            ca_file: self.aggregates_ca_file.clone(),
+            retention: self.aggregates_retention,
+            timeout: self.aggregates_timeout,
+        }
+    }
 }
 
 /// Where the database URL comes from.

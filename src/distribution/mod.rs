@@ -13,6 +13,7 @@ use lambda_http::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, St
 use lambda_http::{Body, Request};
 use serde::Serialize;
 
+use crate::config::Config;
 use crate::extraction::{
     ExtractRequest, ExtractionService, Filters, IdempotencyKey, Policy, ServiceError,
 };
@@ -62,6 +63,19 @@ pub struct Settings {
     pub global_rate: Option<Rate>,
     /// The limit per client unless its registry entry sets one; `None`: off.
     pub client_rate: Option<Rate>,
+}
+
+impl Config {
+    /// What the HTTP handler takes from the configuration.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            config_version: self.version(),
+            policy: self.policy(),
+            max_body_bytes: self.max_body_bytes,
+            global_rate: self.global_rate,
+            client_rate: self.client_rate,
+        }
+    }
 }
 
 /// Everything a request needs, built once per process and shared.

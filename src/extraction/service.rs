@@ -3,6 +3,7 @@ use std::collections::BTreeSet;
 use lambda_http::http::HeaderMap;
 
 use super::ExtractRequest;
+use crate::config::Config;
 use crate::httpapi::{Code, InvalidParam, Problem};
 use crate::pool::{
     ExtractionOutcome, ExtractionQuery, Extractor, Fulfillment, IdempotencyScope, PoolError,
@@ -61,6 +62,21 @@ pub struct Policy {
     /// Count each extraction's outcome in the hourly usage counters, kept
     /// this long after their hour in Redis; `None`: not counted.
     pub usage_retention: Option<std::time::Duration>,
+}
+
+impl Config {
+    /// The rules every extraction runs under.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            max_count_per_request: self.max_count_per_request,
+            default_fulfillment: self.default_fulfillment,
+            reserve_for_gateway: self.reserve_for_gateway,
+            idempotency_ttl: self.idempotency_ttl,
+            usage_retention: self
+                .aggregates_enabled()
+                .then_some(self.aggregates_retention),
+        }
+    }
 }
 
 /// The usage label of every anonymous caller (`ip:<address>` clients): one,

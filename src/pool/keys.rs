@@ -9,9 +9,11 @@
 //! one description of each (its type, fields or members, and TTL), and
 //! `tests/key_layout.rs` fails when the two disagree.
 
-use std::fmt;
-
 use sha2::{Digest, Sha256};
+
+// The name is a setting (`PROXY_POOL_NAME`, or a CLI flag), so its type
+// lives with the settings; every key below is built from it.
+pub use crate::config::{InvalidPoolName, PoolName};
 
 /// The default pool's hash tag, which every one of its keys starts with.
 pub const HASH_TAG: &str = "{pp}";
@@ -81,64 +83,6 @@ fn rate_client_under(hash_tag: &str, client_id: &str) -> String {
         "{hash_tag}:rl:client:{}",
         hex::encode(Sha256::digest(client_id.as_bytes()))
     )
-}
-
-/// A pool's name: 1 to 32 characters of `A-Z a-z 0-9 _ -`, the hash tag
-/// (`{<name>}`) every key of the pool starts with.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PoolName(String);
-
-/// Why a pool name was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a pool name is 1 to 32 characters of A-Z, a-z, 0-9, `_` and `-`")]
-pub struct InvalidPoolName;
-
-impl PoolName {
-    /// The name of the pool every deployment used before pools had names.
-    pub const DEFAULT: &str = "pp";
-
-    /// Validates `name`.
-    pub fn parse(name: &str) -> Result<Self, InvalidPoolName> {
-        let valid = (1..=32).contains(&name.len())
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if valid {
-            Ok(Self(name.to_owned()))
-        } else {
-            Err(InvalidPoolName)
-        }
-    }
-
-    /// The name as given.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The hash tag every key of the pool starts with: `{<name>}`.
-    pub fn hash_tag(&self) -> String {
-        format!("{{{}}}", self.0)
-    }
-}
-
-impl Default for PoolName {
-    fn default() -> Self {
-        Self(Self::DEFAULT.to_owned())
-    }
-}
-
-impl fmt::Display for PoolName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::str::FromStr for PoolName {
-    type Err = InvalidPoolName;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::parse(s)
-    }
 }
 
 /// Every key name of one pool, all under its hash tag; the constants of

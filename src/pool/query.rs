@@ -4,9 +4,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use serde::Serialize;
-
 use super::keys::PoolKeys;
+// A setting too (`PROXY_POOL_DEFAULT_FULFILLMENT`), so its type lives with
+// the settings.
+pub use crate::config::Fulfillment;
 
 /// The proxy protocols the pool knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,36 +41,6 @@ impl Protocol {
     /// The wire names, comma-separated, for messages.
     pub fn names() -> String {
         Self::ALL.map(Self::as_str).join(", ")
-    }
-}
-
-/// What to do when fewer proxies are eligible than requested.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Fulfillment {
-    /// Return what is available, possibly none.
-    #[serde(rename = "partial")]
-    Partial,
-    /// Return exactly `count` or nothing (409).
-    #[serde(rename = "allOrNothing")]
-    AllOrNothing,
-}
-
-impl Fulfillment {
-    /// Parses the wire name (`partial`, `allOrNothing`).
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "partial" => Some(Self::Partial),
-            "allOrNothing" => Some(Self::AllOrNothing),
-            _ => None,
-        }
-    }
-
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Partial => "partial",
-            Self::AllOrNothing => "allOrNothing",
-        }
     }
 }
 

@@ -15,53 +15,14 @@ use super::registry::{Client, ClientRegistry, CredentialKind};
 use super::source::{Unknown, client_ip};
 use super::{Identity, IdentityResolver, Resolving, Unresolved};
 use crate::httpapi::{Code, Problem};
+// Settings (`PROXY_POOL_AUTH_SCHEMES` and the source variables), so their
+// types live with the settings; what admission does with them is here.
+pub use crate::config::{AuthSchemes, SchemesError, SourcePolicy};
 
 /// Longest credential header value considered.
 const MAX_CREDENTIAL_LEN: usize = 1024;
 
-/// Which authentication schemes are enabled (`PROXY_POOL_AUTH_SCHEMES`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct AuthSchemes {
-    /// `X-API-Key`.
-    pub api_key: bool,
-    /// HTTP Basic.
-    pub basic: bool,
-    /// HTTP Bearer.
-    pub bearer: bool,
-    /// Anonymous callers, identified by source address.
-    pub none: bool,
-}
-
-/// A scheme list that is not a comma list of the known schemes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum SchemesError {
-    /// A word that names no scheme.
-    #[error("must list apiKey, basic, bearer and/or none")]
-    Unknown,
-    /// Nothing enabled.
-    #[error("must enable at least one of apiKey, basic, bearer, none")]
-    Empty,
-}
-
 impl AuthSchemes {
-    /// Parses a comma list of `apiKey`, `basic`, `bearer`, `none`.
-    pub fn parse(s: &str) -> Result<Self, SchemesError> {
-        let mut out = Self::default();
-        for word in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-            match word.to_ascii_lowercase().as_str() {
-                "apikey" => out.api_key = true,
-                "basic" => out.basic = true,
-                "bearer" => out.bearer = true,
-                "none" => out.none = true,
-                _ => return Err(SchemesError::Unknown),
-            }
-        }
-        if out == Self::default() {
-            return Err(SchemesError::Empty);
-        }
-        Ok(out)
-    }
-
     /// Whether any scheme needs the client registry.
     pub fn need_registry(self) -> bool {
         self.api_key || self.basic || self.bearer
@@ -79,39 +40,6 @@ impl AuthSchemes {
             c.push("Bearer realm=\"proxy-pool\"");
         }
         c
-    }
-}
-
-/// Source address rules (`PROXY_POOL_TRUSTED_PROXIES`, `..._TRUST_ALB`,
-/// `..._ALLOWED_SOURCES`, `..._DENIED_SOURCES`, `..._ANONYMOUS_IPV6_PREFIX`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SourcePolicy {
-    /// Peers whose forwarded headers are believed.
-    pub trusted_proxies: Vec<IpNet>,
-    /// Whether an ALB event's `X-Forwarded-For` is believed (an ALB event
-    /// names no peer address, so it cannot be trusted by CIDR).
-    pub trust_alb: bool,
-    /// When non-empty, callers must be inside one of these.
-    pub allowed: Vec<IpNet>,
-    /// Callers inside one of these are refused.
-    pub denied: Vec<IpNet>,
-    /// Anonymous IPv6 callers in one network of this prefix length share
-    /// one per-client rate limit (64: a subscriber's usual allocation).
-    pub anonymous_ipv6_prefix: u8,
-}
-
-/// Default of [`SourcePolicy::anonymous_ipv6_prefix`].
-const DEFAULT_ANONYMOUS_IPV6_PREFIX: u8 = 64;
-
-impl Default for SourcePolicy {
-    fn default() -> Self {
-        Self {
-            trusted_proxies: Vec::new(),
-            trust_alb: false,
-            allowed: Vec::new(),
-            denied: Vec::new(),
-            anonymous_ipv6_prefix: DEFAULT_ANONYMOUS_IPV6_PREFIX,
-        }
     }
 }
 

@@ -5,54 +5,13 @@ use lambda_http::http::{HeaderName, HeaderValue};
 
 use super::Identity;
 use crate::httpapi::Problem;
+// A setting (`PROXY_POOL_GLOBAL_RATE`, `PROXY_POOL_CLIENT_RATE`) and a
+// registry field (`rateLimit`), so its type lives with the settings; what
+// the limiter computes from it is here.
+pub use crate::config::{Rate, RateError};
 use crate::pool::{Limit, PoolError, RateLimits, RedisPool};
 
-/// A limit: a sustained rate with a burst allowance.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rate {
-    /// Sustained requests per second (> 0).
-    pub per_second: f64,
-    /// Requests admissible at once from a full bucket (>= 1).
-    pub burst: u32,
-}
-
-/// A rate that is not `RATE[:BURST]` or `off`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum RateError {
-    /// RATE is not a number of requests per second above 0.
-    #[error("must be RATE[:BURST] with RATE requests per second (> 0), or `off`")]
-    Rate,
-    /// BURST is not a whole number in range.
-    #[error("BURST must be a whole number from 1 to 1000000")]
-    Burst,
-}
-
 impl Rate {
-    /// Parses `RATE[:BURST]` (e.g. `10`, `0.5:3`, `100:200`); `off` is `None`.
-    /// Burst defaults to the rate rounded up.
-    pub fn parse(s: &str) -> Result<Option<Self>, RateError> {
-        let s = s.trim();
-        if s.eq_ignore_ascii_case("off") {
-            return Ok(None);
-        }
-        let (rate, burst) = s.split_once(':').unwrap_or((s, ""));
-        let per_second: f64 = rate
-            .parse()
-            .ok()
-            .filter(|r: &f64| r.is_finite() && *r > 0.0 && *r <= 1_000_000.0)
-            .ok_or(RateError::Rate)?;
-        let burst = if burst.is_empty() {
-            per_second.ceil() as u32
-        } else {
-            burst
-                .parse()
-                .ok()
-                .filter(|b| (1..=1_000_000).contains(b))
-                .ok_or(RateError::Burst)?
-        };
-        Ok(Some(Self { per_second, burst }))
-    }
-
     fn interval_ms(self) -> f64 {
         1000.0 / self.per_second
     }

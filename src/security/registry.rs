@@ -20,6 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use super::credentials::{CredentialHash, find};
 use super::ratelimit::Rate;
+// The grammar of a CIDR setting, shared with `allowedSources`.
+pub use crate::config::parse_net;
 use crate::pool::MAX_CLIENT_CREDENTIALS;
 
 /// One registered client.
@@ -247,15 +249,6 @@ pub fn parse_entries(json: &str) -> Result<Vec<ClientEntry>, RegistryError> {
         }
     }
     Ok(doc.clients)
-}
-
-/// A CIDR (`10.0.0.0/8`) or a single address (`192.0.2.1`).
-pub fn parse_net(s: &str) -> Option<IpNet> {
-    let s = s.trim();
-    s.parse::<IpNet>()
-        .ok()
-        .or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))
-        .map(|n| n.trunc())
 }
 
 #[cfg(test)]

@@ -121,7 +121,9 @@ pub async fn usage(args: UsageArgs) -> CliResult {
 async fn database(args: &DatabaseArgs) -> Result<(Config, Aggregates), Box<dyn std::error::Error>> {
     let mut config = Config::from_env()?;
     if let Some(url) = &args.database_url {
-        config.aggregates_database_url = Some(DatabaseUrl::parse(url)?);
+        // As an aggregates error, so the message keeps its prefix.
+        let url = DatabaseUrl::parse(url).map_err(proxy_pool::aggregates::AggregatesError::from)?;
+        config.aggregates_database_url = Some(url);
     }
     let store = startup::secret_store(&config).await;
     let aggregates = startup::aggregates(&config, store.as_ref()).ok_or(
