@@ -39,9 +39,10 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 use super::caller::Caller;
-use super::cell::{percentile, returned};
+use super::figures::{percentile, returned};
 use super::plan::{Plan, StallPlan};
-use super::report::{Progress, human, status_mix};
+use super::progress::Progress;
+use super::report::{human, status_mix};
 use super::{Bench, BenchError, SlowlogConfig, Stage, Target, sleep_until_ms, stage};
 
 /// The policy's maxHealthCheckAge in the bench's configuration (see

@@ -48,10 +48,11 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 use super::caller::Caller;
-use super::cell::{info_field, percentile};
+use super::figures::{info_field, percentile};
 use super::filters::FilterShape;
 use super::plan::{Plan, SteadyPlan};
-use super::report::{Progress, human, status_mix};
+use super::progress::Progress;
+use super::report::{human, status_mix};
 use super::{Bench, BenchError, Stage, Target, bench_config, sleep_until_ms, stage};
 
 /// Writers act ten times a second.
