@@ -175,7 +175,7 @@ pub(super) fn bench_config(plan: &Plan, url: &str) -> Result<Config, BenchError>
         max_count_per_request: max_count,
         // The pool is filled once per N and the run lasts minutes: its health
         // checks must stay fresh for the whole run (and with --stall, the
-        // fill's go stale together, see stall.rs).
+        // fill's go stale together, see stall/mod.rs).
         max_health_check_age: Duration::from_secs(3600),
         // The fill's and the bench's own calls; each handler has its own.
         redis_functions: plan.script_calls.first() != Some(&ScriptCalls::Evalsha),
