@@ -187,9 +187,8 @@ fn sources() -> BTreeMap<String, String> {
     out
 }
 
-/// `text` with comments gone, string and character literals emptied, and
-/// every `#[cfg(test)]` item removed (a file's own tests are no edge).
-fn code_of(text: &str) -> String {
+/// `text` with comments gone and string and character literals emptied.
+fn blank(text: &str) -> String {
     let b: Vec<char> = text.chars().collect();
     let ident = |c: char| c.is_alphanumeric() || c == '_';
     let mut out = String::with_capacity(text.len());
@@ -261,7 +260,13 @@ fn code_of(text: &str) -> String {
             i += 1;
         }
     }
+    out
+}
+
+/// `code` without its `#[cfg(test)]` items (a file's own tests are no edge).
+fn without_tests(code: &str) -> String {
     const TEST: &str = "#[cfg(test)]";
+    let mut out = code.to_owned();
     while let Some(at) = out.find(TEST) {
         // The item ends at its first `;`, or with the brace its first `{`
         // opens.
@@ -384,6 +389,8 @@ fn use_tree(t: &[String], i: &mut usize, prefix: &[String], public: bool, out: &
 struct FileInfo {
     /// Its `mod name;` children.
     mods: Vec<String>,
+    /// Its `#[cfg(test)] mod name;` children (no nodes: tests).
+    test_mods: Vec<String>,
     /// The names of its top-level items.
     items: BTreeSet<String>,
     /// Its `use` items, by leaf.
@@ -394,10 +401,18 @@ struct FileInfo {
     words: BTreeMap<String, usize>,
 }
 
+/// What the file `text` declares and names.
 fn file_info(text: &str) -> FileInfo {
-    let t = tokens(&code_of(text));
+    let blanked = blank(text);
+    let t = tokens(&without_tests(&blanked));
     let is_ident = |s: &str| s.starts_with(|c: char| c.is_alphabetic() || c == '_');
     let mut info = FileInfo::default();
+    let all = tokens(&blanked);
+    for (i, w) in all.windows(8).enumerate() {
+        if w[..5] == ["cfg", "(", "test", ")", "]"] && w[5] == "mod" && w[7] == ";" {
+            info.test_mods.push(all[i + 6].clone());
+        }
+    }
     let mut depth = 0;
     let mut i = 0;
     while i < t.len() {
@@ -472,6 +487,8 @@ struct Crates {
     infos: BTreeMap<String, FileInfo>,
     files: BTreeMap<Module, String>,
     modules: BTreeMap<String, Module>,
+    /// The files of `#[cfg(test)] mod name;` modules.
+    test_files: BTreeSet<String>,
 }
 
 impl Crates {
@@ -488,6 +505,7 @@ impl Crates {
             infos,
             files: BTreeMap::new(),
             modules: BTreeMap::new(),
+            test_files: BTreeSet::new(),
         };
         let roots = sources.keys().filter(|rel| {
             let parts: Vec<&str> = rel.split('/').collect();
@@ -499,16 +517,23 @@ impl Crates {
         for root in roots {
             let mut stack = vec![(root.clone(), Vec::new())];
             while let Some((file, path)) = stack.pop() {
-                let dir = match file.rsplit_once('/') {
-                    _ if &file == root || file.ends_with("mod.rs") => file
-                        .rsplit_once('/')
-                        .map_or(String::new(), |(d, _)| format!("{d}/")),
-                    _ => format!("{}/", file.trim_end_matches(".rs")),
+                let dir = if &file == root || file == "mod.rs" || file.ends_with("/mod.rs") {
+                    file.rsplit_once('/')
+                        .map_or(String::new(), |(d, _)| format!("{d}/"))
+                } else {
+                    format!("{}/", file.trim_end_matches(".rs"))
                 };
-                for name in &crates.infos[&file].mods {
-                    let child = [format!("{dir}{name}.rs"), format!("{dir}{name}/mod.rs")]
+                let child = |name: &String| {
+                    [format!("{dir}{name}.rs"), format!("{dir}{name}/mod.rs")]
                         .into_iter()
                         .find(|f| sources.contains_key(f))
+                };
+                let info = &crates.infos[&file];
+                crates
+                    .test_files
+                    .extend(info.test_mods.iter().filter_map(child));
+                for name in &info.mods {
+                    let child = child(name)
                         .unwrap_or_else(|| panic!("src/{file}: no file for `mod {name};`"));
                     let mut child_path = path.clone();
                     child_path.push(name.clone());
@@ -628,7 +653,7 @@ fn file_graph(sources: &BTreeMap<String, String>) -> BTreeMap<String, BTreeMap<S
     let crates = Crates::new(sources);
     let lost: Vec<&String> = sources
         .keys()
-        .filter(|f| !crates.modules.contains_key(*f))
+        .filter(|f| !crates.modules.contains_key(*f) && !crates.test_files.contains(*f))
         .collect();
     assert!(lost.is_empty(), "files no crate declares: {lost:?}");
     crates.edges()
@@ -760,7 +785,11 @@ fn no_file_reaches_itself() {
 #[test]
 fn a_circle_is_caught() {
     let sources: BTreeMap<String, String> = [
-        ("lib.rs", "mod a;\nmod b;\npub use b::Shared;\n"),
+        (
+            "lib.rs",
+            "mod a;\nmod b;\npub use b::Shared;\n#[cfg(test)]\nmod checks;\n",
+        ),
+        ("checks.rs", "use crate::a::A;\n"),
         (
             "a.rs",
             "use crate::Shared;\npub struct A(Shared);\n#[cfg(test)]\nmod tests {\n    use crate::b::*;\n}\n",
