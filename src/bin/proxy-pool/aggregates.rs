@@ -8,7 +8,7 @@ use proxy_pool::pool::RedisPool;
 use proxy_pool::startup;
 use serde_json::{Map, Value, json};
 
-use crate::CliResult;
+use crate::cli::CliResult;
 use crate::cli::{DatabaseArgs, FlushArgs, UsageArgs};
 use crate::output::{self, say};
 

@@ -1,14 +1,19 @@
-//! The command line: every command and its arguments.
+//! The command line: every command and its arguments, what a command
+//! returns, and the pool it works on.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use proxy_pool::config::Config;
 use proxy_pool::local::PoolShape;
-use proxy_pool::pool::PoolName;
+use proxy_pool::pool::{PoolName, RedisPool};
 
-use crate::bench::{FilterSet, parse_size};
+use crate::bench::{BenchArgs, parse_size};
 use crate::inventory::Dimension;
+
+/// What every command returns: an error is printed and exits 1.
+pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 /// `proxy-pool`.
 #[derive(Parser)]
@@ -259,6 +264,15 @@ pub struct PoolArgs {
     pub pool_name: PoolName,
 }
 
+/// The settings and a pool over the given Redis, connected as every
+/// command connects (cluster mode, CA file, timeouts from the environment).
+pub fn operator_pool(args: &PoolArgs) -> Result<(Config, RedisPool), Box<dyn std::error::Error>> {
+    let mut config = Config::from_env()?;
+    config.pool_name = args.pool_name.clone();
+    let pool = RedisPool::with_options(&args.redis_url, &config.redis_options())?;
+    Ok((config, pool))
+}
+
 /// `stats`.
 #[derive(Args)]
 pub struct StatsArgs {
@@ -379,170 +393,4 @@ pub struct LoadDemoArgs {
     /// pool's 54, which events/README.md describes.
     #[arg(long, value_parser = PoolShape::parse)]
     pub combinations: Option<PoolShape>,
-}
-
-/// `bench`.
-#[derive(Args)]
-pub struct BenchArgs {
-    /// Use this Redis instead of a private one. Its current database is
-    /// FLUSHED before and after, so --flush must be given too.
-    #[arg(long)]
-    pub redis_url: Option<String>,
-    /// Allow the bench to FLUSHDB the Redis named by --redis-url.
-    #[arg(long)]
-    pub flush: bool,
-    /// Pool sizes (e.g. 1k,100k,1M; default 1M).
-    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
-    pub sizes: Vec<usize>,
-    /// Pool shapes, as protocol x region x carrier x upstream
-    /// combinations: 18, a multiple of 27 for a city-keyed pool, or
-    /// PxRxCxU (protocols 1-3 x regions x carriers x upstreams, e.g.
-    /// 3x400x3x5 or 2x16x25x25) (default 18,2700,10800).
-    #[arg(long, value_delimiter = ',', value_parser = PoolShape::parse)]
-    pub combinations: Vec<PoolShape>,
-    /// Filter shapes: none, region, region-carrier, protocol-upstream
-    /// (default: these four), or adversarial: the costliest legal
-    /// requests (none first, then regions64-proto, regions64-car-up,
-    /// regions16-every, invented-regions, invented-every,
-    /// restricted-client, seed-example, all-but-one, multi-worst,
-    /// protocol-only, regions2-carrier); any of them also by name.
-    #[arg(long, value_delimiter = ',', value_parser = FilterSet::parse)]
-    pub filters: Vec<FilterSet>,
-    /// Proxies per request (e.g. 1,10,100).
-    #[arg(long, value_delimiter = ',')]
-    pub counts: Vec<u32>,
-    /// Concurrent tasks (e.g. 1,8,64; default 8).
-    #[arg(long, value_delimiter = ',')]
-    pub concurrency: Vec<usize>,
-    /// Timed extraction seconds per cell (default 1.5; --quick 0.3).
-    #[arg(long)]
-    pub seconds: Option<f64>,
-    /// Most timed requests per cell (default 20000; --quick 300).
-    #[arg(long)]
-    pub max_requests: Option<usize>,
-    /// Trivial EVALSHA seconds per cell, half before and half after (default 1; --quick 0.2).
-    #[arg(long)]
-    pub baseline_seconds: Option<f64>,
-    /// Send a fresh Idempotency-Key with every request (the script then
-    /// also reads and writes the idempotency record).
-    #[arg(long)]
-    pub idempotency: bool,
-    /// Replicas of the private Redis (0-4), each fed through a relay that
-    /// delays replication by --replica-lag-ms.
-    #[arg(long, default_value_t = 0)]
-    pub replicas: usize,
-    /// Replication delays to measure, milliseconds (e.g. 2,20).
-    #[arg(long, value_delimiter = ',')]
-    pub replica_lag_ms: Vec<f64>,
-    /// PROXY_POOL_REPLICA_ACKS values to measure (e.g. 0,1).
-    #[arg(long, value_delimiter = ',')]
-    pub replica_acks: Vec<u32>,
-    /// Do not count extractions in the hourly usage counters (on by
-    /// default, as in a deployment with an aggregates database).
-    #[arg(long)]
-    pub no_usage_counters: bool,
-    /// Run the scripts by EVALSHA instead of as Redis Functions
-    /// (PROXY_POOL_REDIS_FUNCTIONS=false), to measure what Functions save
-    #[arg(long, conflicts_with = "compare_evalsha")]
-    pub evalsha: bool,
-    /// Run every cell twice in a row on the same pool: scripts as Redis
-    /// Functions, then by EVALSHA (a `calls` column tells the rows apart):
-    /// each pair is measured seconds apart, on one pool
-    #[arg(long)]
-    pub compare_evalsha: bool,
-    /// Clients in the Redis client registry (PROXY_POOL_CLIENT_REGISTRY=redis),
-    /// loaded after each fill; every request presents one of their API keys,
-    /// so identity includes the lookup (default 0: anonymous callers).
-    #[arg(long, default_value_t = 0)]
-    pub registry_clients: usize,
-    /// Send every request over HTTP/1.1 through the server `proxy-pool
-    /// serve` runs (on loopback, one keep-alive connection per task)
-    /// instead of calling the handler in process.
-    #[arg(long)]
-    pub http: bool,
-    /// Every request asks `allOrNothing` (default: partial).
-    #[arg(long)]
-    pub all_or_nothing: bool,
-    /// Fill in the adversarial order for the multi-worst filter: every
-    /// combination it does not match expires before every one it matches,
-    /// so each of their heads comes first and a multi-worst request skips
-    /// them all.
-    #[arg(long)]
-    pub adversarial_heads: bool,
-    /// At most this many requests per second per cell, in all (default:
-    /// as fast as the C tasks go).
-    #[arg(long)]
-    pub pace: Option<f64>,
-    /// Turn the per-client rate limit on, RATE[:BURST] (e.g. 20:40, the
-    /// default of a deployment); the bench's anonymous tasks are one client.
-    #[arg(long)]
-    pub client_rate: Option<String>,
-    /// Another client PINGs Redis every this many ms, on its own connection
-    /// and thread, during the timed rounds; its slowest and p99 round trips
-    /// are reported (0: off; default 1).
-    #[arg(long)]
-    pub ping_every_ms: Option<u64>,
-    /// Instead of the cells: the stale-backlog timeline. Fill N (the first
-    /// --sizes, default 1M) proxies of the first --combinations whose health
-    /// checks all go stale at one instant after the fill, then per second:
-    /// a Controller adding fresh proxies, extraction clients (count=1,
-    /// partial and allOrNothing), the scheduled prune.
-    #[arg(long)]
-    pub stall: bool,
-    /// --stall: seconds from the start of the fill to the stall (default:
-    /// N / 5000 + 10; the fill must end before it).
-    #[arg(long)]
-    pub stall_after: Option<f64>,
-    /// --stall: seconds measured after the stall (default 60).
-    #[arg(long)]
-    pub stall_seconds: Option<u64>,
-    /// --stall: fresh proxies the Controller adds per second (default 2000).
-    #[arg(long)]
-    pub fresh_per_sec: Option<u64>,
-    /// --stall: seconds between runs of the scheduled prune (batch 128, a
-    /// 4 s budget, as the scheduled invocation runs it; default 10; 0: none).
-    #[arg(long)]
-    pub prune_every: Option<u64>,
-    /// Instead of the cells: the steady state. Fill N (the first --sizes,
-    /// default 1M) of the first --combinations, measure extraction alone,
-    /// then every writer (Controller refreshes, health results, Worker
-    /// claim cycles, the scheduled job) and extraction together at each
-    /// --steady-rates, with each operation's share of Redis time, p99,
-    /// PING, backlog and memory per second, and the headroom.
-    #[arg(long, conflicts_with = "stall")]
-    pub steady: bool,
-    /// --steady: extraction calls per second, one step each (default
-    /// 1000,2000,4000,6000,8000). --counts sets the requests' counts,
-    /// taken in turn (default: 7 in 10 count=1, the others count=10).
-    #[arg(long, value_delimiter = ',')]
-    pub steady_rates: Vec<u64>,
-    /// --steady: seconds per step (default 30; 600 for a memory run).
-    #[arg(long)]
-    pub step_seconds: Option<u64>,
-    /// --steady: seconds of extraction alone first, the second half
-    /// measured (default 20).
-    #[arg(long)]
-    pub quiet_seconds: Option<u64>,
-    /// --steady: refreshes per second (default N / 1800: 30-minute lives).
-    #[arg(long)]
-    pub refresh_per_sec: Option<u64>,
-    /// --steady: health results per second (default N / 120).
-    #[arg(long)]
-    pub health_per_sec: Option<u64>,
-    /// --steady: the share of health results that fail (default 0.05).
-    #[arg(long)]
-    pub health_fail_share: Option<f64>,
-    /// --steady: Worker claim cycles per second (default 20).
-    #[arg(long)]
-    pub worker_cycles: Option<u64>,
-    /// --steady: seconds between runs of the scheduled job (default 60; 0: none).
-    #[arg(long)]
-    pub job_every: Option<u64>,
-    /// A smoke run: N=1k, 18 combinations, no filters, counts 1,10, C 1,8,
-    /// a few hundred requests per cell.
-    #[arg(long)]
-    pub quick: bool,
-    /// Print the report as JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
 }

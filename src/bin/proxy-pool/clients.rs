@@ -8,13 +8,13 @@ use proxy_pool::pool::PutMode;
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{ClientEntry, RedisRegistry};
 
+use crate::cli::{CliResult, operator_pool};
 use crate::cli::{
     ClientAddArgs, ClientIdArgs, ClientImportArgs, ClientListArgs, ClientRotateArgs,
     ClientsCommand, PoolArgs,
 };
 use crate::credentials::new_secret;
 use crate::output::{say, table};
-use crate::{CliResult, operator_pool};
 
 /// Runs one `clients` command.
 pub async fn run(command: ClientsCommand) -> CliResult {

@@ -19,8 +19,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::cli::{AckArgs, ClaimArgs, HealthArgs, HolderArgs, PoolArgs, TargetArgs};
+use crate::cli::{CliResult, operator_pool};
 use crate::output::say;
-use crate::{CliResult, operator_pool};
 
 /// `health`: one result, or with the id `-` many, as JSON lines.
 pub async fn health(args: HealthArgs) -> CliResult {

@@ -2,7 +2,7 @@
 
 use proxy_pool::security::credentials::CredentialHash;
 
-use crate::CliResult;
+use crate::cli::CliResult;
 use crate::cli::HashCredentialArgs;
 use crate::output::say;
 

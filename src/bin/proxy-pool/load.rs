@@ -6,9 +6,9 @@ use proxy_pool::clock::now_ms;
 use proxy_pool::local::{PoolShape, synthetic_proxy};
 use proxy_pool::pool::{NewProxy, PoolContract, PoolError, RedisPool, UpsertStatus};
 
+use crate::cli::{CliResult, operator_pool};
 use crate::cli::{LoadArgs, LoadDemoArgs};
 use crate::output::say;
-use crate::{CliResult, operator_pool};
 
 /// Lines parsed per upsert round trip.
 const LOAD_BATCH: usize = 500;

@@ -1,6 +1,7 @@
 //! `proxy-pool`: run the Distribution function locally and operate the pool.
 //!
-//! One file per command group: [`cli`] (every command and its arguments),
+//! One file per command group: [`cli`] (every command and its arguments,
+//! what a command returns, the pool it works on),
 //! [`serve`], [`load`] (`load`, `load-demo`), [`stats`] (`stats`, `prune`;
 //! the counting in [`inventory`]),
 //! [`contract`] (`health`, `claim`, `drain`, `ack`, `release`, `remove`,
@@ -25,13 +26,8 @@ mod stats;
 use std::process::ExitCode;
 
 use clap::Parser;
-use proxy_pool::config::Config;
-use proxy_pool::pool::RedisPool;
 
-use cli::{Cli, Command, PoolArgs};
-
-/// What every command returns: an error is printed and exits 1.
-type CliResult = Result<(), Box<dyn std::error::Error>>;
+use cli::{Cli, Command};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -68,13 +64,4 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// The settings and a pool over the given Redis, connected as every
-/// command connects (cluster mode, CA file, timeouts from the environment).
-fn operator_pool(args: &PoolArgs) -> Result<(Config, RedisPool), Box<dyn std::error::Error>> {
-    let mut config = Config::from_env()?;
-    config.pool_name = args.pool_name.clone();
-    let pool = RedisPool::with_options(&args.redis_url, &config.redis_options())?;
-    Ok((config, pool))
 }

@@ -16,7 +16,7 @@ use proxy_pool::security::{ClientRegistry, Guard};
 use proxy_pool::server::ServeOptions;
 use proxy_pool::startup::{self, LocalRegistry};
 
-use crate::CliResult;
+use crate::cli::CliResult;
 use crate::cli::ServeArgs;
 use crate::credentials::new_secret;
 

@@ -5,10 +5,10 @@ use proxy_pool::clock::rfc3339;
 use proxy_pool::pool::{EXPIRING_WITHIN, MAX_PRUNE_BATCH, Maintenance};
 use serde_json::json;
 
+use crate::cli::{CliResult, operator_pool};
 use crate::cli::{PoolArgs, StatsArgs};
 use crate::inventory::{Counts, Dimension, Group, Inventory, Rest, group, top};
 use crate::output::{say, table};
-use crate::{CliResult, operator_pool};
 
 /// The count columns of every table, in order.
 const COUNT_COLUMNS: [&str; 4] = ["eligible", "expiring<5m", "stale", "indexed"];

@@ -13,11 +13,14 @@ use proxy_pool::security::PeerAddr;
 use tokio::task::JoinSet;
 
 use super::caller::Caller;
+use super::counters::SlowCalls;
+use super::error::BenchError;
+use super::figures::{percentile, returned};
 use super::fill::client_key;
 use super::filters::FilterShape;
 use super::plan::Plan;
 use super::report::Cell;
-use super::{Bench, BenchError};
+use super::rig::Bench;
 
 /// What the C tasks of one round observed.
 #[derive(Default)]
@@ -66,141 +69,7 @@ impl Ask {
     }
 }
 
-/// Redis counters read around a timed window.
-#[derive(Clone, Copy, Default)]
-pub(super) struct ServerStats {
-    /// Script calls (`FCALL` and `EVALSHA`).
-    pub script_calls: u64,
-    /// Of which by `FCALL`.
-    pub fcall_calls: u64,
-    /// Redis time in them, us.
-    pub script_usec: u64,
-    /// Of which in `FCALL`.
-    pub fcall_usec: u64,
-    cpu_seconds: f64,
-}
-
-/// The script calls `SLOWLOG` kept (those of 1 ms or more).
-#[derive(Clone, Copy, Default)]
-pub(super) struct SlowCalls {
-    /// The longest extraction call, us.
-    pub slowest_us: u64,
-    /// Extraction calls of 1 ms or more.
-    pub over_1ms: u64,
-    /// Extraction calls over 5 ms.
-    pub over_5ms: u64,
-    /// The longest call of another script (upserts, prune), us.
-    pub other_slowest_us: u64,
-}
-
-impl SlowCalls {
-    /// What `self` and `other` kept, together.
-    fn and(self, other: Self) -> Self {
-        Self {
-            slowest_us: self.slowest_us.max(other.slowest_us),
-            over_1ms: self.over_1ms + other.over_1ms,
-            over_5ms: self.over_5ms + other.over_5ms,
-            other_slowest_us: self.other_slowest_us.max(other.other_slowest_us),
-        }
-    }
-}
-
 impl Bench {
-    /// Redis's script counters now (`INFO cpu commandstats`).
-    pub(super) async fn server_stats(&self) -> Result<ServerStats, BenchError> {
-        let info: String = redis::cmd("INFO")
-            .arg("cpu")
-            .arg("commandstats")
-            .query_async(&mut self.conn.clone())
-            .await?;
-        let mut stats = ServerStats::default();
-        // Script calls: `EVALSHA`, and `FCALL` (the extraction as a function).
-        for line in info.lines() {
-            let Some((fcall, fields)) = [("cmdstat_evalsha:", false), ("cmdstat_fcall:", true)]
-                .iter()
-                .find_map(|&(prefix, fcall)| Some((fcall, line.strip_prefix(prefix)?)))
-            else {
-                continue;
-            };
-            for part in fields.split(',') {
-                match part.split_once('=') {
-                    Some(("calls", v)) => {
-                        let calls = v.parse().unwrap_or(0);
-                        stats.script_calls += calls;
-                        if fcall {
-                            stats.fcall_calls += calls;
-                        }
-                    }
-                    Some(("usec", v)) => {
-                        let usec = v.parse().unwrap_or(0);
-                        stats.script_usec += usec;
-                        if fcall {
-                            stats.fcall_usec += usec;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        let cpu = |name| info_field(&info, name).and_then(|v| v.parse::<f64>().ok());
-        stats.cpu_seconds =
-            cpu("used_cpu_user").unwrap_or(0.0) + cpu("used_cpu_sys").unwrap_or(0.0);
-        Ok(stats)
-    }
-
-    /// Empties `SLOWLOG` (a Redis without it is left as it is).
-    pub(super) async fn forget_slow_calls(&self) {
-        let _: Result<(), _> = redis::cmd("SLOWLOG")
-            .arg("RESET")
-            .query_async(&mut self.conn.clone())
-            .await;
-    }
-
-    /// The script calls `SLOWLOG` kept since the last read, which it
-    /// forgets (none when `SLOWLOG` is not available: `None`).
-    pub(super) async fn slow_calls(&self) -> Option<SlowCalls> {
-        let mut conn = self.conn.clone();
-        let entries: redis::Value = redis::cmd("SLOWLOG")
-            .arg("GET")
-            .arg(-1)
-            .query_async(&mut conn)
-            .await
-            .ok()?;
-        redis::cmd("SLOWLOG")
-            .arg("RESET")
-            .query_async::<()>(&mut conn)
-            .await
-            .ok()?;
-        let names = proxy_pool::pool::extract_names();
-        let mut slow = SlowCalls::default();
-        let redis::Value::Array(entries) = entries else {
-            return Some(slow);
-        };
-        for entry in entries {
-            let redis::Value::Array(fields) = entry else {
-                continue;
-            };
-            let (Some(redis::Value::Int(us)), Some(redis::Value::Array(args))) =
-                (fields.get(2), fields.get(3))
-            else {
-                continue;
-            };
-            let us = *us as u64;
-            let is_extract = matches!(args.get(1), Some(redis::Value::BulkString(b))
-                if names.iter().any(|name| b == name.as_bytes()));
-            if !is_extract {
-                slow.other_slowest_us = slow.other_slowest_us.max(us);
-                continue;
-            }
-            slow.slowest_us = slow.slowest_us.max(us);
-            slow.over_1ms += 1;
-            if us > 5_000 {
-                slow.over_5ms += 1;
-            }
-        }
-        Some(slow)
-    }
-
     /// Runs one cell.
     pub(super) async fn cell(
         &self,
@@ -458,32 +327,6 @@ struct Trivial {
     server_usec: u64,
 }
 
-/// `returned` of a 200 extraction body, read without parsing the whole body.
-pub(super) fn returned(body: &str) -> Option<u64> {
-    let at = body.find("\"returned\":")? + "\"returned\":".len();
-    let digits: String = body[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
-}
-
-/// The `q` quantile of sorted `values` (nearest rank).
-pub(super) fn percentile(sorted: &[u64], q: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-/// The value of `name` in an `INFO` reply.
-pub(super) fn info_field(info: &str, name: &str) -> Option<String> {
-    info.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-        .map(|v| v.trim().to_owned())
-}
-
 /// CPU time this process's threads have run, seconds: the sum over
 /// `/proc/self/task/*/schedstat` (nanoseconds on a CPU, first field).
 /// `/proc/self/schedstat` alone is the main thread's, which the Tokio
@@ -499,30 +342,4 @@ fn process_cpu_seconds() -> Option<f64> {
         ns += stat.split_whitespace().next()?.parse::<f64>().ok()?;
     }
     Some(ns / 1e9)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Nearest-rank percentiles.
-    #[test]
-    fn percentiles() {
-        let v: Vec<u64> = (1..=1000).collect();
-        assert_eq!(percentile(&v, 0.5), 500);
-        assert_eq!(percentile(&v, 0.99), 990);
-        assert_eq!(percentile(&v, 0.999), 999);
-        assert_eq!(percentile(&[7], 0.999), 7);
-        assert_eq!(percentile(&[], 0.5), 0);
-    }
-
-    /// The returned count is read from the rendered body.
-    #[test]
-    fn reads_returned() {
-        assert_eq!(
-            returned(r#"{"requestId":"req_1","requested":5,"returned":3,"proxies":[]}"#),
-            Some(3)
-        );
-        assert_eq!(returned("{}"), None);
-    }
 }

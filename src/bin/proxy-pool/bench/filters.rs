@@ -12,12 +12,17 @@ use proxy_pool::local::PoolShape;
 use proxy_pool::pool::NewProxy;
 use serde::Serialize;
 
-use super::plan::ArgError;
-
 /// Protocols, in the order synthetic pools use them.
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
 /// Most values one filter array may hold.
 const MOST: usize = 64;
+
+/// Not a filter shape (`--filters`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "filters are none, region, region-carrier, protocol-upstream, or adversarial (none, regions64-proto, regions64-car-up, regions16-every, invented-regions, invented-every, restricted-client, seed-example, all-but-one, multi-worst, protocol-only, regions2-carrier), or any of those by name"
+)]
+pub struct UnknownFilter;
 
 /// Which filters every request of a cell carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -71,7 +76,7 @@ pub struct FilterSet(pub Vec<FilterShape>);
 
 impl FilterSet {
     /// A shape's name, or `adversarial`.
-    pub fn parse(s: &str) -> Result<Self, ArgError> {
+    pub fn parse(s: &str) -> Result<Self, UnknownFilter> {
         if s.trim() == "adversarial" {
             return Ok(Self(FilterShape::ADVERSARIAL.to_vec()));
         }
@@ -106,12 +111,12 @@ impl FilterShape {
     ];
 
     /// A shape by its name ([`FilterShape::name`]).
-    pub fn parse(s: &str) -> Result<Self, ArgError> {
+    pub fn parse(s: &str) -> Result<Self, UnknownFilter> {
         Self::ALL
             .into_iter()
             .chain(Self::ADVERSARIAL)
             .find(|f| f.name() == s.trim())
-            .ok_or(ArgError::Filter)
+            .ok_or(UnknownFilter)
     }
 
     /// The name used on the command line and in the table.

@@ -92,7 +92,7 @@ impl Pinger {
         Pings {
             count: samples.len(),
             max_us: samples.last().copied().unwrap_or(0),
-            p99_us: super::cell::percentile(&samples, 0.99),
+            p99_us: super::figures::percentile(&samples, 0.99),
         }
     }
 }

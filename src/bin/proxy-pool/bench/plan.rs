@@ -242,21 +242,13 @@ impl Plan {
     }
 }
 
-/// A bench argument that cannot be read.
+/// Not a pool size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum ArgError {
-    /// Not a filter shape.
-    #[error(
-        "filters are none, region, region-carrier, protocol-upstream, or adversarial (none, regions64-proto, regions64-car-up, regions16-every, invented-regions, invented-every, restricted-client, seed-example, all-but-one, multi-worst, protocol-only, regions2-carrier), or any of those by name"
-    )]
-    Filter,
-    /// Not a pool size.
-    #[error("a pool size is a number like 1000, 100k or 1M, at most 50M")]
-    Size,
-}
+#[error("a pool size is a number like 1000, 100k or 1M, at most 50M")]
+pub struct BadSize;
 
 /// A pool size: a number, optionally with a `k` or `M` suffix.
-pub fn parse_size(s: &str) -> Result<usize, ArgError> {
+pub fn parse_size(s: &str) -> Result<usize, BadSize> {
     let s = s.trim();
     let (digits, factor) = match s.as_bytes().last() {
         Some(b'k' | b'K') => (&s[..s.len() - 1], 1_000),
@@ -268,7 +260,7 @@ pub fn parse_size(s: &str) -> Result<usize, ArgError> {
         .ok()
         .map(|d| d * factor)
         .filter(|n| (1..=50_000_000).contains(n))
-        .ok_or(ArgError::Size)
+        .ok_or(BadSize)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Replicas of the private Redis, each fed through a relay whose delay is
-//! the replication lag, and the replication setting the cells run under.
+//! the replication lag, and the rig's replication setting.
 
 use std::net::SocketAddr;
 use std::sync::PoisonError;
@@ -8,21 +8,7 @@ use std::time::{Duration, Instant};
 use proxy_pool::local::{RedisServer, Relay, replicas_acknowledge};
 
 use super::caller::Front;
-use super::plan::ScriptCalls;
-use super::{Bench, BenchError};
-
-/// The replication setting and handler the current cells run under.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Variant {
-    /// Replication delay of every relay, ms.
-    pub(super) lag_ms: f64,
-    /// `PROXY_POOL_REPLICA_ACKS` of the handler used.
-    pub(super) acks: u32,
-    /// How that handler calls the scripts.
-    pub(super) calls: ScriptCalls,
-    /// Index of that handler in [`Bench`]'s fronts.
-    pub(super) app: usize,
-}
+use super::{Bench, BenchError, Variant};
 
 /// The thread the replication relays run on: a runtime of their own, so
 /// that the simulated replication lag is the relay's delay, not that delay
