@@ -13,11 +13,9 @@ use lambda_http::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, St
 use lambda_http::{Body, Request};
 use serde::Serialize;
 
-use crate::extraction::{
-    ExtractRequest, ExtractionService, Filters, IdempotencyKey, Policy, ServiceError,
-};
+use crate::extraction::{ExtractRequest, ExtractionService, IdempotencyKey, Policy, ServiceError};
 use crate::httpapi::{InvalidParam, Problem, RequestId, json_response, to_json};
-use crate::pool::{ExtractionOutcome, OutageClass, PoolError, RedisPool};
+use crate::pool::{ExtractionOutcome, Filters, OutageClass, PoolError, RedisPool};
 use crate::security::{Identity, IdentityResolver, Rate, RateLimiter, Refusal, Unresolved};
 use readiness::{Reason, Severity};
 

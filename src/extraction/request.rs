@@ -5,30 +5,12 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::httpapi::{InvalidParam, Problem, to_json};
-use crate::pool::{Fulfillment, Protocol};
+use crate::pool::{Filters, Fulfillment, Protocol};
 
 /// Most values one filter dimension may list.
 const MAX_FILTER_VALUES: usize = 64;
 /// Longest region, carrier or upstream name accepted in a filter.
 const MAX_FILTER_VALUE_LEN: usize = 64;
-
-/// Validated filters: each list sorted, duplicate-free, empty = no restriction.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Filters {
-    /// Any of these protocols.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub protocols: Vec<String>,
-    /// Any of these regions.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub regions: Vec<String>,
-    /// Any of these carriers.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub carriers: Vec<String>,
-    /// Any of these upstreams (only narrows what the client may use).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub allowed_upstreams: Vec<String>,
-}
 
 /// A decoded, validated extraction request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +19,8 @@ pub struct ExtractRequest {
     pub count: u32,
     /// The caller's choice; `None` means the server default.
     pub fulfillment: Option<Fulfillment>,
-    /// The filters.
+    /// The filters, validated and normalised (sorted) here, once: the
+    /// pool takes them as they are.
     pub filters: Filters,
 }
 
@@ -372,6 +355,21 @@ mod tests {
         assert_ne!(
             a.digest(Fulfillment::Partial).unwrap(),
             c.digest(Fulfillment::Partial).unwrap()
+        );
+    }
+
+    /// The digest's bytes are those idempotency records already hold: the
+    /// canonical JSON of count, effective fulfillment and the non-empty
+    /// filter lists, in this order.
+    #[test]
+    fn digest_bytes_are_stable() {
+        let r = decode(
+            r#"{"count":2,"filters":{"regions":["b",""],"carriers":[],"allowedUpstreams":["u"],"protocols":["http"]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.digest(Fulfillment::AllOrNothing).unwrap(),
+            "15ca0f1a4d04ace47d3e5cbfa434d119e07f8c595797c13961f316adfa61e4fd"
         );
     }
 }

@@ -1,12 +1,10 @@
-use std::collections::BTreeSet;
-
 use lambda_http::http::HeaderMap;
 
 use super::ExtractRequest;
 use crate::httpapi::{Code, InvalidParam, Problem};
 use crate::pool::{
     ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, PoolError, RedisPool,
-    Selection, UsageScope, keys,
+    UsageScope, keys,
 };
 use crate::security::Identity;
 
@@ -113,7 +111,15 @@ impl ExtractionService {
         key: Option<&IdempotencyKey>,
         request_id: &str,
     ) -> Result<ExtractionOutcome, ServiceError> {
-        let upstreams = self.upstreams(identity, &request.filters.allowed_upstreams)?;
+        // `allowedUpstreams` narrows the client's permission, never widens it.
+        let permitted = identity.allowed_upstreams.as_ref();
+        let requested = &request.filters.allowed_upstreams;
+        if permitted.is_some_and(|p| requested.iter().any(|u| !p.contains(u))) {
+            return Err(ServiceError::Rejected(Problem::new(
+                Code::UpstreamForbidden,
+                "allowedUpstreams names an upstream this client may not use",
+            )));
+        }
         let fulfillment = request
             .fulfillment
             .unwrap_or(self.policy.default_fulfillment);
@@ -121,12 +127,8 @@ impl ExtractionService {
             count: request.count,
             fulfillment,
             reserve: self.policy.reserve_for_gateway,
-            selection: Selection {
-                protocols: &request.filters.protocols,
-                regions: &request.filters.regions,
-                carriers: &request.filters.carriers,
-                upstreams: upstreams.as_ref(),
-            },
+            filters: &request.filters,
+            permitted_upstreams: permitted,
             request_id,
             idempotency: match key {
                 Some(k) => Some(IdempotencyScope {
@@ -143,29 +145,6 @@ impl ExtractionService {
             }),
         };
         Ok(self.pool.extract(&query).await?)
-    }
-
-    /// The upstreams the request may draw from: the client's permission
-    /// narrowed by `allowedUpstreams`, which can never widen it (403).
-    fn upstreams(
-        &self,
-        identity: &Identity,
-        requested: &[String],
-    ) -> Result<Option<BTreeSet<String>>, ServiceError> {
-        match (&identity.allowed_upstreams, requested.is_empty()) {
-            (None, true) => Ok(None),
-            (None, false) => Ok(Some(requested.iter().cloned().collect())),
-            (Some(allowed), true) => Ok(Some(allowed.clone())),
-            (Some(allowed), false) => {
-                if requested.iter().any(|u| !allowed.contains(u)) {
-                    return Err(ServiceError::Rejected(Problem::new(
-                        Code::UpstreamForbidden,
-                        "allowedUpstreams names an upstream this client may not use",
-                    )));
-                }
-                Ok(Some(requested.iter().cloned().collect()))
-            }
-        }
     }
 }
 

@@ -44,8 +44,8 @@ pub use maintenance::{BucketInventory, EXPIRING_WITHIN, Inventory, MAX_PRUNE_BAT
 pub use new_proxy::{LineError, NewProxy, UpsertStatus};
 pub use policy::PoolPolicy;
 pub use query::{
-    CommittedExtraction, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope,
-    PooledProxy, Protocol, Selection, UsageScope, hour_of,
+    CommittedExtraction, ExtractionOutcome, ExtractionQuery, Filters, Fulfillment,
+    IdempotencyScope, PooledProxy, Protocol, UsageScope, hour_of,
 };
 pub use redis_pool::{
     Admission, CREDENTIAL_REREAD_EVERY, CredentialSource, Limit, LimitState, RedisPool,
