@@ -1,7 +1,7 @@
 use lambda_http::http::HeaderMap;
 
-use super::ExtractRequest;
-use crate::httpapi::{Code, InvalidParam, Problem};
+use super::{ExtractRequest, RequestError};
+use crate::httpapi::InvalidParam;
 use crate::pool::{
     ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope, PoolError, RedisPool,
     UsageScope, keys,
@@ -16,8 +16,8 @@ impl IdempotencyKey {
     /// The request header.
     pub const HEADER: &'static str = "idempotency-key";
 
-    /// Reads the optional header; a present but invalid key is a 400.
-    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, Problem> {
+    /// Reads the optional header; a present but invalid key is refused.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, RequestError> {
         let mut values = headers.get_all(Self::HEADER).iter();
         let Some(value) = values.next() else {
             return Ok(None);
@@ -27,13 +27,10 @@ impl IdempotencyKey {
             || !(8..=128).contains(&bytes.len())
             || !bytes.iter().all(|b| (0x21..=0x7e).contains(b))
         {
-            return Err(Problem::bad_request(
-                "invalid Idempotency-Key header",
-                vec![InvalidParam::new(
-                    "Idempotency-Key",
-                    "must be one header of 8 to 128 visible ASCII characters",
-                )],
-            ));
+            return Err(RequestError::IdempotencyKey(InvalidParam::new(
+                "Idempotency-Key",
+                "must be one header of 8 to 128 visible ASCII characters",
+            )));
         }
         Ok(Some(Self(String::from_utf8_lossy(bytes).into_owned())))
     }
@@ -102,8 +99,8 @@ impl ExtractionService {
             })
     }
 
-    /// Extracts for `identity`. `Err` is a problem to answer with as it is;
-    /// pool failures come back as 503 or 500 and are logged by the caller.
+    /// Extracts for `identity`: refused when the request's
+    /// `allowedUpstreams` would widen what the client may use.
     pub async fn extract(
         &self,
         identity: &Identity,
@@ -115,10 +112,7 @@ impl ExtractionService {
         let permitted = identity.allowed_upstreams.as_ref();
         let requested = &request.filters.allowed_upstreams;
         if permitted.is_some_and(|p| requested.iter().any(|u| !p.contains(u))) {
-            return Err(ServiceError::Rejected(Problem::new(
-                Code::UpstreamForbidden,
-                "allowedUpstreams names an upstream this client may not use",
-            )));
+            return Err(ServiceError::UpstreamForbidden);
         }
         let fulfillment = request
             .fulfillment
@@ -133,9 +127,7 @@ impl ExtractionService {
             idempotency: match key {
                 Some(k) => Some(IdempotencyScope {
                     key: keys::idempotency(&identity.client_id, k.as_str()),
-                    digest: request
-                        .digest(fulfillment)
-                        .map_err(ServiceError::Rejected)?,
+                    digest: request.digest(fulfillment).map_err(ServiceError::Digest)?,
                     ttl: self.policy.idempotency_ttl,
                 }),
                 None => None,
@@ -148,12 +140,17 @@ impl ExtractionService {
     }
 }
 
-/// Why an extraction did not reach a verdict.
+/// Why an extraction did not reach a verdict. `Display` of a refusal is
+/// the problem's `detail`.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    /// Refused before the pool was asked.
-    #[error("rejected: {}", .0.code())]
-    Rejected(Problem),
+    /// `allowedUpstreams` names an upstream the client may not use (403):
+    /// it may only narrow the client's permission.
+    #[error("allowedUpstreams names an upstream this client may not use")]
+    UpstreamForbidden,
+    /// The request's digest could not be serialised (never expected: 500).
+    #[error("the request digest could not be computed")]
+    Digest(#[source] serde_json::Error),
     /// The pool failed.
     #[error(transparent)]
     Pool(#[from] PoolError),
