@@ -310,12 +310,14 @@ async fn admitted(
         ExtractionOutcome::Committed(done) => {
             log.returned = Some(done.proxies.len());
             log.upstreams = Some(done.upstreams().into_iter().collect::<Vec<_>>().join(","));
-            Ok(json_response(StatusCode::OK, done.render()?, request_id))
+            let body = done.render().map_err(HandlerError::Render)?;
+            Ok(json_response(StatusCode::OK, body, request_id))
         }
         ExtractionOutcome::Replayed(done) => {
             log.replayed = true;
             log.returned = Some(done.proxies.len());
-            let mut response = json_response(StatusCode::OK, done.render()?, request_id);
+            let body = done.render().map_err(HandlerError::Render)?;
+            let mut response = json_response(StatusCode::OK, body, request_id);
             response
                 .headers_mut()
                 .insert("idempotent-replayed", HeaderValue::from_static("true"));

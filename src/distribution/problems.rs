@@ -16,7 +16,8 @@ use crate::pool::{OutageClass, PoolError};
 use crate::security::{Refusal, Unresolved};
 
 /// Why the adapter itself did not answer 200. `Display` is the problem's
-/// `detail`, except for [`HandlerError::PoolNotReady`] (the pool's).
+/// `detail`, except for a 500 (whose detail says nothing of the cause)
+/// and [`HandlerError::PoolNotReady`] (the pool error's problem).
 #[derive(Debug, thiserror::Error)]
 pub(super) enum HandlerError {
     /// The request headers are larger than [`MAX_HEADER_BYTES`] (400).
@@ -75,6 +76,9 @@ pub(super) enum HandlerError {
         /// What could be reached.
         reached: u64,
     },
+    /// The extraction's body could not be serialised (never expected: 500).
+    #[error("the response could not be serialised")]
+    Render(#[source] serde_json::Error),
     /// A readiness finding makes the service unavailable (503).
     #[error("{detail}")]
     NotReady {
@@ -124,6 +128,10 @@ impl From<HandlerError> for Problem {
                 with_reasons(Problem::new(Code::ServiceUnavailable, detail), reasons)
             }
             HandlerError::PoolNotReady { error, reasons } => with_reasons(error.into(), reasons),
+            HandlerError::Render(cause) => {
+                tracing::error!(error = %cause, "a response could not be serialised");
+                Problem::internal()
+            }
         }
     }
 }
