@@ -28,7 +28,7 @@
 //!   document and Redis credentials.
 //! * [`distribution`] → extraction, security, httpapi, pool, config: the
 //!   thin HTTP adapter shared by Lambda and `serve`: routing, admission,
-//!   decoding, health, and the one place a pool failure becomes a problem.
+//!   decoding, health, and the one place a failure becomes a problem.
 //! * [`extraction`] → security, pool, httpapi, clock, config: the request
 //!   and its validation, the service applying the caller's identity and the
 //!   server's policy, the rendered body.

@@ -814,3 +814,29 @@ fn a_circle_is_caught() {
     );
     assert!(edges["bin/tool/words.rs"].is_empty(), "a doc comment");
 }
+
+/// A problem is made in one place: outside `src/httpapi/` (which defines
+/// it) only `src/distribution/problems.rs` names a `Problem` constructor;
+/// every other layer answers with its own error value.
+#[test]
+fn problems_are_made_in_one_place() {
+    let mut makers = Vec::new();
+    for rel in library_files() {
+        if rel.starts_with("httpapi/") || rel == "distribution/problems.rs" {
+            continue;
+        }
+        let text =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(&rel))
+                .unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if line.contains("Problem::") || line.contains("Problem {") {
+                makers.push(format!("src/{rel}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        makers.is_empty(),
+        "problems made outside src/distribution/problems.rs:\n{}",
+        makers.join("\n")
+    );
+}

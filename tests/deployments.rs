@@ -20,8 +20,8 @@ use common::{Reply, app_over, certificates, extract_as, proxies, proxy, test_con
 use proxy_pool::distribution::App;
 use proxy_pool::local::{Armed, RedisServer, Relay, TlsFiles};
 use proxy_pool::pool::{
-    ClientStore, ExtractionOutcome, ExtractionQuery, Extractor, Fulfillment, Maintenance,
-    PoolContract, PoolError, PoolKeys, PoolName, PutMode, RedisPool, Selection, StoredClient, keys,
+    ClientStore, ExtractionOutcome, ExtractionQuery, Extractor, Filters, Fulfillment, Maintenance,
+    PoolContract, PoolError, PoolKeys, PoolName, PutMode, RedisPool, StoredClient, keys,
 };
 use proxy_pool::security::Rate;
 use redis::aio::MultiplexedConnection;
@@ -1389,12 +1389,8 @@ async fn extract_one(pool: &RedisPool, request_id: &str) -> ExtractionOutcome {
         count: 1,
         fulfillment: Fulfillment::Partial,
         reserve: 0,
-        selection: Selection {
-            protocols: &[],
-            regions: &[],
-            carriers: &[],
-            upstreams: None,
-        },
+        filters: &Filters::default(),
+        permitted_upstreams: None,
         request_id,
         idempotency: None,
         usage: None,

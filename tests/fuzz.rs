@@ -18,6 +18,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestRunner};
 use proxy_pool::distribution::EXTRACT_PATH;
 use proxy_pool::extraction::ExtractRequest;
+use proxy_pool::httpapi::Problem;
 use proxy_pool::security::credentials::CredentialHash;
 use proxy_pool::security::{AuthSchemes, ClientRegistry, PeerAddr, Rate, RegistryHandle};
 
@@ -359,8 +360,8 @@ fn decoder_never_panics() {
     let started = Instant::now();
     let mut runner = runner(total);
     let result = runner.run(&(body(), 1u32..=1000), |(bytes, max)| {
-        if let Err(problem) = ExtractRequest::decode(&bytes, max) {
-            let status = problem.status().as_u16();
+        if let Err(refused) = ExtractRequest::decode(&bytes, max) {
+            let status = Problem::from(refused).status().as_u16();
             prop_assert!(status == 400 || status == 422, "status {status}");
         }
         Ok(())

@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use proxy_pool::extraction::{ExtractRequest, Filters};
+use proxy_pool::extraction::ExtractRequest;
 use proxy_pool::local::RedisServer;
 use proxy_pool::pool::{
-    ContractOp, ExtractionOutcome, ExtractionQuery, Extractor, Fulfillment, IdempotencyScope,
-    NewProxy, PoolContract, PoolPolicy, RedisOptions, RedisPool, Selection,
+    ContractOp, ExtractionOutcome, ExtractionQuery, Extractor, Filters, Fulfillment,
+    IdempotencyScope, NewProxy, PoolContract, PoolPolicy, RedisOptions, RedisPool,
 };
 
 const PROTOCOLS: [&str; 3] = ["http", "https", "socks5"];
@@ -328,12 +328,8 @@ async fn step(
                 count: *count,
                 fulfillment,
                 reserve: *reserve,
-                selection: Selection {
-                    protocols: &filters.protocols,
-                    regions: &filters.regions,
-                    carriers: &filters.carriers,
-                    upstreams: upstream_set.as_ref(),
-                },
+                filters: &filters,
+                permitted_upstreams: upstream_set.as_ref(),
                 request_id: &format!("req-{n}"),
                 idempotency: key.map(|k| IdempotencyScope {
                     key: proxy_pool::pool::keys::idempotency("model", &format!("key-{k}")),

@@ -1,8 +1,10 @@
 //! The thin HTTP adapter (the seeds' `distribution.Handler`): routing,
 //! admission, strict decoding, problem mapping and health probes. The same
 //! [`handle`] serves API Gateway events in Lambda and plain HTTP under `serve`.
-//! Readiness has its own file, [`readiness`].
+//! Readiness has its own file, [`readiness`]; every failure becomes its
+//! problem in one place, [`problems`].
 
+mod problems;
 pub mod readiness;
 
 use std::sync::Arc;
@@ -14,12 +16,11 @@ use lambda_http::{Body, Request};
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::extraction::{
-    ExtractRequest, ExtractionService, Filters, IdempotencyKey, Policy, ServiceError,
-};
-use crate::httpapi::{InvalidParam, Problem, RequestId, json_response, to_json};
-use crate::pool::{ExtractionOutcome, OutageClass, PoolError, RedisPool};
-use crate::security::{Identity, IdentityResolver, Rate, RateLimiter, Refusal, Unresolved};
+use crate::extraction::{ExtractRequest, ExtractionService, IdempotencyKey, Policy};
+use crate::httpapi::{Problem, RequestId, json_response, to_json};
+use crate::pool::{ExtractionOutcome, Filters, OutageClass, RedisPool};
+use crate::security::{Identity, IdentityResolver, Rate, RateLimiter};
+use problems::HandlerError;
 use readiness::{Reason, Severity};
 
 /// The extraction endpoint.
@@ -39,13 +40,13 @@ pub const MAX_HEADER_FIELDS: usize = 100;
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Why `serve`'s HTTP/1.1 parser refused a request head, before any
-/// handler ran.
+/// handler ran (its problem: [`refused_head`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RefusedHead {
     /// More than [`MAX_HEADER_FIELDS`] header fields, or more than
-    /// [`MAX_HEAD_BYTES`].
+    /// [`MAX_HEAD_BYTES`] (431).
     TooLarge,
-    /// A request line or header line that is not HTTP/1.1.
+    /// A request line or header line that is not HTTP/1.1 (400).
     Malformed,
 }
 
@@ -142,23 +143,8 @@ pub async fn handle(app: &App, request: Request) -> Response<Body> {
     let mut log = AccessLog::default();
     let oversized = header_bytes(request.headers()) > MAX_HEADER_BYTES;
     let (request_id, result) = match RequestId::from_headers(request.headers()) {
-        Ok(id) if oversized => (
-            id,
-            Err(Problem::bad_request(
-                format!("request headers exceed {MAX_HEADER_BYTES} bytes"),
-                Vec::new(),
-            )),
-        ),
-        Err(generated) => (
-            generated,
-            Err(Problem::bad_request(
-                "invalid X-Request-ID header",
-                vec![InvalidParam::new(
-                    "X-Request-ID",
-                    "must be one header of at most 128 printable ASCII characters",
-                )],
-            )),
-        ),
+        Ok(id) if oversized => (id, Err(HandlerError::HeadersTooLarge.into())),
+        Err(generated) => (generated, Err(HandlerError::RequestId.into())),
         Ok(id) => {
             let result = route(app, request, &id, &mut log).await;
             (id, result)
@@ -194,14 +180,7 @@ pub async fn handle(app: &App, request: Request) -> Response<Body> {
 /// like every answer.
 pub fn refused_head(head: RefusedHead) -> Response<Body> {
     let request_id = RequestId::generate();
-    let problem = match head {
-        RefusedHead::TooLarge => Problem::headers_too_large(format!(
-            "a request head may hold at most {MAX_HEADER_FIELDS} header fields and {MAX_HEAD_BYTES} bytes"
-        )),
-        RefusedHead::Malformed => {
-            Problem::bad_request("the request line or a header line is malformed", Vec::new())
-        }
-    };
+    let problem: Problem = head.into();
     tracing::info!(
         request_id = request_id.as_str(),
         status = problem.status().as_u16(),
@@ -221,11 +200,11 @@ async fn route(
     let method = request.method();
     match path {
         EXTRACT_PATH if method == Method::POST => extract(app, request, request_id, log).await,
-        EXTRACT_PATH => Err(Problem::method_not_allowed("POST")),
+        EXTRACT_PATH => Err(HandlerError::MethodNotAllowed { allow: "POST" }.into()),
         LIVE_PATH if method == Method::GET => health(app, "ok", request_id),
         READY_PATH if method == Method::GET => ready(app, request_id).await,
-        LIVE_PATH | READY_PATH => Err(Problem::method_not_allowed("GET")),
-        _ => Err(Problem::not_found()),
+        LIVE_PATH | READY_PATH => Err(HandlerError::MethodNotAllowed { allow: "GET" }.into()),
+        _ => Err(HandlerError::NotFound.into()),
     }
 }
 
@@ -254,21 +233,17 @@ fn health(
 /// `ok`, `degraded` (200) or a 503 problem, the reasons in the
 /// [`readiness::REASONS_HEADER`] header ([`readiness`]).
 async fn ready(app: &App, request_id: &RequestId) -> Result<Response<Body>, Problem> {
-    let reasons_header = HeaderName::from_static(readiness::REASONS_HEADER);
     let findings = match readiness::findings(app).await {
         Ok(findings) => findings,
-        Err(e) => {
-            let reason = match e.outage_class() {
+        Err(error) => {
+            let reason = match error.outage_class() {
                 Some(OutageClass::Policy) => Reason::PoolPolicyMismatch,
                 Some(OutageClass::Layout) => Reason::PoolLayoutMismatch,
                 Some(OutageClass::Eviction) => Reason::EvictionPolicy,
                 _ => Reason::RedisUnavailable,
             };
-            let problem = pool_problem(e);
-            return Err(match readiness::header_value(&[reason]) {
-                Some(value) => problem.with_header(reasons_header, value),
-                None => problem,
-            });
+            let reasons = readiness::header_value(&[reason]);
+            return Err(HandlerError::PoolNotReady { error, reasons }.into());
         }
     };
     let reasons: Vec<Reason> = findings.iter().map(|f| f.reason).collect();
@@ -277,15 +252,16 @@ async fn ready(app: &App, request_id: &RequestId) -> Result<Response<Body>, Prob
         .into_iter()
         .find(|f| f.severity == Severity::Unavailable)
     {
-        let problem = Problem::unavailable(down.detail);
-        return Err(match value {
-            Some(value) => problem.with_header(reasons_header, value),
-            None => problem,
-        });
+        return Err(HandlerError::NotReady {
+            detail: down.detail,
+            reasons: value,
+        }
+        .into());
     }
     let status = if reasons.is_empty() { "ok" } else { "degraded" };
     let mut response = health(app, status, request_id)?;
     if let Some(value) = value {
+        let reasons_header = HeaderName::from_static(readiness::REASONS_HEADER);
         response.headers_mut().insert(reasons_header, value);
     }
     Ok(response)
@@ -298,25 +274,11 @@ async fn extract(
     log: &mut AccessLog,
 ) -> Result<Response<Body>, Problem> {
     if app.is_draining() {
-        return Err(Problem::unavailable("the service is draining"));
+        return Err(HandlerError::Draining.into());
     }
-    let identity = app
-        .identity
-        .resolve(&request)
-        .await
-        .map_err(|unresolved| match unresolved {
-            Unresolved::Refused(problem) => problem,
-            Unresolved::Pool(e) => pool_problem(e),
-        })?;
+    let identity = app.identity.resolve(&request).await?;
     log.client_id = Some(identity.client_id.clone());
-    let limits = app
-        .limiter
-        .admit(&identity)
-        .await
-        .map_err(|refusal| match refusal {
-            Refusal::Limited(problem) => problem,
-            Refusal::Pool(e) => pool_problem(e),
-        })?;
+    let limits = app.limiter.admit(&identity).await?;
     // Admitted: every answer from here on tells the client how to pace itself.
     let mut response = match admitted(app, &request, &identity, request_id, log).await {
         Ok(response) => response,
@@ -339,13 +301,16 @@ async fn admitted(
     log: &mut AccessLog,
 ) -> Result<Response<Body>, Problem> {
     check_content_type(request.headers())?;
+    let too_large = HandlerError::PayloadTooLarge {
+        limit: app.max_body_bytes,
+    };
     if declared_length(request.headers()).is_some_and(|n| n > app.max_body_bytes) {
-        return Err(Problem::payload_too_large(app.max_body_bytes));
+        return Err(too_large.into());
     }
     let key = IdempotencyKey::from_headers(request.headers())?;
     let body = request.body().as_ref();
     if body.len() > app.max_body_bytes {
-        return Err(Problem::payload_too_large(app.max_body_bytes));
+        return Err(too_large.into());
     }
     let decoded = ExtractRequest::decode(body, app.service.max_count(identity))?;
     log.requested = Some(decoded.count);
@@ -354,21 +319,19 @@ async fn admitted(
     let outcome = app
         .service
         .extract(identity, &decoded, key.as_ref(), request_id.as_str())
-        .await
-        .map_err(|e| match e {
-            ServiceError::Rejected(problem) => problem,
-            ServiceError::Pool(e) => pool_problem(e),
-        })?;
+        .await?;
     match outcome {
         ExtractionOutcome::Committed(done) => {
             log.returned = Some(done.proxies.len());
             log.upstreams = Some(done.upstreams().into_iter().collect::<Vec<_>>().join(","));
-            Ok(json_response(StatusCode::OK, done.render()?, request_id))
+            let body = done.render().map_err(HandlerError::Render)?;
+            Ok(json_response(StatusCode::OK, body, request_id))
         }
         ExtractionOutcome::Replayed(done) => {
             log.replayed = true;
             log.returned = Some(done.proxies.len());
-            let mut response = json_response(StatusCode::OK, done.render()?, request_id);
+            let body = done.render().map_err(HandlerError::Render)?;
+            let mut response = json_response(StatusCode::OK, body, request_id);
             response
                 .headers_mut()
                 .insert("idempotent-replayed", HeaderValue::from_static("true"));
@@ -378,51 +341,33 @@ async fn admitted(
             // Committed on the primary but not yet safe from a failover: not
             // handed out. Its idempotency record answers the retry.
             tracing::warn!(acknowledged, "extraction not acknowledged by replicas");
-            Err(Problem::unavailable(
-                "the extraction was not confirmed by the pool's replicas in time; retry with the same Idempotency-Key",
-            ))
+            Err(HandlerError::NotReplicated.into())
         }
-        ExtractionOutcome::KeyReused => Err(Problem::idempotency_key_reused()),
+        ExtractionOutcome::KeyReused => Err(HandlerError::KeyReused.into()),
         ExtractionOutcome::Insufficient {
             available,
             behind_backlog,
             ..
         } => {
             log.returned = Some(0);
+            let requested = decoded.count;
             Err(if behind_backlog {
-                Problem::insufficient_behind_backlog(decoded.count, available)
+                HandlerError::InsufficientBehindBacklog {
+                    requested,
+                    reached: available,
+                }
             } else {
-                Problem::insufficient_proxies(decoded.count, available)
-            })
+                HandlerError::Insufficient {
+                    requested,
+                    available,
+                }
+            }
+            .into())
         }
     }
 }
 
-/// The one place a pool failure becomes an answer: a 503 (retry later) or a
-/// cause-free 500. The cause (Redis error kinds and codes, never their text)
-/// is logged here.
-fn pool_problem(e: PoolError) -> Problem {
-    match e {
-        PoolError::Unavailable(outage) if outage.class == OutageClass::Policy => {
-            tracing::error!(class = outage.class.as_str(), error = %outage, "pool policy mismatch");
-            Problem::pool_policy_mismatch()
-        }
-        PoolError::Unavailable(outage) if outage.class == OutageClass::Layout => {
-            tracing::error!(class = outage.class.as_str(), error = %outage, "pool layout mismatch");
-            Problem::pool_layout_mismatch(outage.detail)
-        }
-        PoolError::Unavailable(outage) => {
-            tracing::warn!(class = outage.class.as_str(), error = %outage, "pool unavailable");
-            Problem::unavailable("the proxy pool is unavailable, retry later")
-        }
-        PoolError::Internal(_) => {
-            tracing::error!(error = %e, "pool failure");
-            Problem::internal()
-        }
-    }
-}
-
-fn check_content_type(headers: &HeaderMap) -> Result<(), Problem> {
+fn check_content_type(headers: &HeaderMap) -> Result<(), HandlerError> {
     let media_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -430,7 +375,7 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), Problem> {
         .map(str::trim);
     match media_type {
         Some(t) if t.eq_ignore_ascii_case("application/json") => Ok(()),
-        _ => Err(Problem::unsupported_media_type()),
+        _ => Err(HandlerError::UnsupportedMediaType),
     }
 }
 

@@ -6,7 +6,7 @@ mod request;
 mod response;
 mod service;
 
-pub use request::{ExtractRequest, Filters};
+pub use request::{ExtractRequest, RequestError};
 pub use service::{
     ANONYMOUS_USAGE_CLIENT, ExtractionService, IdempotencyKey, Policy, ServiceError,
 };

@@ -4,31 +4,13 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::httpapi::{InvalidParam, Problem, to_json};
-use crate::pool::{Fulfillment, Protocol};
+use crate::httpapi::InvalidParam;
+use crate::pool::{Filters, Fulfillment, Protocol};
 
 /// Most values one filter dimension may list.
 const MAX_FILTER_VALUES: usize = 64;
 /// Longest region, carrier or upstream name accepted in a filter.
 const MAX_FILTER_VALUE_LEN: usize = 64;
-
-/// Validated filters: each list sorted, duplicate-free, empty = no restriction.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Filters {
-    /// Any of these protocols.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub protocols: Vec<String>,
-    /// Any of these regions.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub regions: Vec<String>,
-    /// Any of these carriers.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub carriers: Vec<String>,
-    /// Any of these upstreams (only narrows what the client may use).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub allowed_upstreams: Vec<String>,
-}
 
 /// A decoded, validated extraction request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,8 +19,36 @@ pub struct ExtractRequest {
     pub count: u32,
     /// The caller's choice; `None` means the server default.
     pub fulfillment: Option<Fulfillment>,
-    /// The filters.
+    /// The filters, validated and normalised (sorted) here, once: the
+    /// pool takes them as they are.
     pub filters: Filters,
+}
+
+/// Why a request was refused before the service saw it. `Display` is the
+/// problem's `detail`; the lists name each field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The body is not JSON (400).
+    #[error("the body is not valid JSON (line {line}, column {column})")]
+    NotJson {
+        /// Where the parser stopped.
+        line: usize,
+        /// Where the parser stopped.
+        column: usize,
+    },
+    /// The body is JSON but not an object (400).
+    #[error("the body must be a JSON object")]
+    NotAnObject,
+    /// Missing, mistyped or unknown fields (400).
+    #[error("the request body does not match the schema")]
+    Schema(Vec<InvalidParam>),
+    /// Well-typed values against the business rules (422).
+    #[error("the request violates a business constraint")]
+    Rules(Vec<InvalidParam>),
+    /// An `Idempotency-Key` header that is not one key of 8 to 128 visible
+    /// ASCII characters (400).
+    #[error("invalid Idempotency-Key header")]
+    IdempotencyKey(InvalidParam),
 }
 
 /// Collects what is wrong, split into 400 (shape) and 422 (rules) classes.
@@ -52,22 +62,13 @@ impl ExtractRequest {
     /// Decodes `body`; `max_count` is the effective `maxCountPerRequest`.
     /// Malformed JSON, wrong types, missing or unknown fields are 400;
     /// well-typed values against the rules are 422.
-    pub fn decode(body: &[u8], max_count: u32) -> Result<Self, Problem> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| {
-            Problem::bad_request(
-                format!(
-                    "the body is not valid JSON (line {}, column {})",
-                    e.line(),
-                    e.column()
-                ),
-                Vec::new(),
-            )
+    pub fn decode(body: &[u8], max_count: u32) -> Result<Self, RequestError> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| RequestError::NotJson {
+            line: e.line(),
+            column: e.column(),
         })?;
         let Value::Object(object) = value else {
-            return Err(Problem::bad_request(
-                "the body must be a JSON object",
-                Vec::new(),
-            ));
+            return Err(RequestError::NotAnObject);
         };
         let mut faults = Faults::default();
         reject_unknown(
@@ -111,13 +112,10 @@ impl ExtractRequest {
             }
         };
         if !faults.shape.is_empty() {
-            return Err(Problem::bad_request(
-                "the request body does not match the schema",
-                faults.shape,
-            ));
+            return Err(RequestError::Schema(faults.shape));
         }
         if !faults.rules.is_empty() {
-            return Err(Problem::unprocessable(faults.rules));
+            return Err(RequestError::Rules(faults.rules));
         }
         Ok(Self {
             count,
@@ -128,7 +126,9 @@ impl ExtractRequest {
 
     /// SHA-256 (hex) of the canonical request: count, effective fulfillment,
     /// filters sorted with empty lists dropped. Equal requests, equal digests.
-    pub fn digest(&self, effective: Fulfillment) -> Result<String, Problem> {
+    /// Idempotency records keep it, so its bytes never change (a test pins
+    /// them).
+    pub fn digest(&self, effective: Fulfillment) -> Result<String, serde_json::Error> {
         #[derive(Serialize)]
         struct Canonical<'a> {
             count: u32,
@@ -140,7 +140,9 @@ impl ExtractRequest {
             fulfillment: effective,
             filters: &self.filters,
         };
-        Ok(hex::encode(Sha256::digest(to_json(&canonical)?)))
+        Ok(hex::encode(Sha256::digest(serde_json::to_string(
+            &canonical,
+        )?)))
     }
 }
 
@@ -271,14 +273,18 @@ fn decode_filters(object: &Map<String, Value>, faults: &mut Faults) -> Filters {
 mod tests {
     use super::*;
 
-    fn decode(json: &str) -> Result<ExtractRequest, Problem> {
+    fn decode(json: &str) -> Result<ExtractRequest, RequestError> {
         ExtractRequest::decode(json.as_bytes(), 100)
     }
 
+    /// The status the request would be answered with (the HTTP layer maps
+    /// `Rules` to 422, every other refusal of the body to 400).
     fn status(json: &str) -> u16 {
-        decode(json)
-            .map(|_| 200)
-            .unwrap_or_else(|p| p.status().as_u16())
+        match decode(json) {
+            Ok(_) => 200,
+            Err(RequestError::Rules(_)) => 422,
+            Err(_) => 400,
+        }
     }
 
     /// The seed's example decodes to sorted filters.
@@ -372,6 +378,21 @@ mod tests {
         assert_ne!(
             a.digest(Fulfillment::Partial).unwrap(),
             c.digest(Fulfillment::Partial).unwrap()
+        );
+    }
+
+    /// The digest's bytes are those idempotency records already hold: the
+    /// canonical JSON of count, effective fulfillment and the non-empty
+    /// filter lists, in this order.
+    #[test]
+    fn digest_bytes_are_stable() {
+        let r = decode(
+            r#"{"count":2,"filters":{"regions":["b",""],"carriers":[],"allowedUpstreams":["u"],"protocols":["http"]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.digest(Fulfillment::AllOrNothing).unwrap(),
+            "15ca0f1a4d04ace47d3e5cbfa434d119e07f8c595797c13961f316adfa61e4fd"
         );
     }
 }

@@ -6,7 +6,6 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Serialize;
 
 use crate::clock::rfc3339;
-use crate::httpapi::{Problem, to_json};
 use crate::pool::{CommittedExtraction, PooledProxy};
 
 #[derive(Serialize)]
@@ -78,8 +77,9 @@ fn remaining_ttl_seconds(expires_at_ms: i64, extracted_at_ms: i64) -> i64 {
 }
 
 impl CommittedExtraction {
-    /// The response body. Deterministic, so a replay is byte for byte the same.
-    pub fn render(&self) -> Result<String, Problem> {
+    /// The response body. Deterministic, so a replay is byte for byte the
+    /// same. (Plain fields: serialising them does not fail.)
+    pub fn render(&self) -> Result<String, serde_json::Error> {
         let extracted_at = rfc3339(self.extracted_at);
         let body = ExtractResponse {
             request_id: &self.request_id,
@@ -105,7 +105,7 @@ impl CommittedExtraction {
                 })
                 .collect(),
         };
-        to_json(&body)
+        serde_json::to_string(&body)
     }
 
     /// The distinct upstreams handed out (for the access log).

@@ -1,13 +1,11 @@
-use std::collections::BTreeSet;
-
 use lambda_http::http::HeaderMap;
 
-use super::ExtractRequest;
+use super::{ExtractRequest, RequestError};
 use crate::config::Config;
-use crate::httpapi::{Code, InvalidParam, Problem};
+use crate::httpapi::InvalidParam;
 use crate::pool::{
     ExtractionOutcome, ExtractionQuery, Extractor, Fulfillment, IdempotencyScope, PoolError,
-    RedisPool, Selection, UsageScope, keys,
+    RedisPool, UsageScope, keys,
 };
 use crate::security::Identity;
 
@@ -19,8 +17,8 @@ impl IdempotencyKey {
     /// The request header.
     pub const HEADER: &'static str = "idempotency-key";
 
-    /// Reads the optional header; a present but invalid key is a 400.
-    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, Problem> {
+    /// Reads the optional header; a present but invalid key is refused.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, RequestError> {
         let mut values = headers.get_all(Self::HEADER).iter();
         let Some(value) = values.next() else {
             return Ok(None);
@@ -30,13 +28,10 @@ impl IdempotencyKey {
             || !(8..=128).contains(&bytes.len())
             || !bytes.iter().all(|b| (0x21..=0x7e).contains(b))
         {
-            return Err(Problem::bad_request(
-                "invalid Idempotency-Key header",
-                vec![InvalidParam::new(
-                    "Idempotency-Key",
-                    "must be one header of 8 to 128 visible ASCII characters",
-                )],
-            ));
+            return Err(RequestError::IdempotencyKey(InvalidParam::new(
+                "Idempotency-Key",
+                "must be one header of 8 to 128 visible ASCII characters",
+            )));
         }
         Ok(Some(Self(String::from_utf8_lossy(bytes).into_owned())))
     }
@@ -123,8 +118,8 @@ impl ExtractionService {
             })
     }
 
-    /// Extracts for `identity`. `Err` is a problem to answer with as it is;
-    /// pool failures come back as 503 or 500 and are logged by the caller.
+    /// Extracts for `identity`: refused when the request's
+    /// `allowedUpstreams` would widen what the client may use.
     pub async fn extract(
         &self,
         identity: &Identity,
@@ -132,7 +127,12 @@ impl ExtractionService {
         key: Option<&IdempotencyKey>,
         request_id: &str,
     ) -> Result<ExtractionOutcome, ServiceError> {
-        let upstreams = self.upstreams(identity, &request.filters.allowed_upstreams)?;
+        // `allowedUpstreams` narrows the client's permission, never widens it.
+        let permitted = identity.allowed_upstreams.as_ref();
+        let requested = &request.filters.allowed_upstreams;
+        if permitted.is_some_and(|p| requested.iter().any(|u| !p.contains(u))) {
+            return Err(ServiceError::UpstreamForbidden);
+        }
         let fulfillment = request
             .fulfillment
             .unwrap_or(self.policy.default_fulfillment);
@@ -140,19 +140,13 @@ impl ExtractionService {
             count: request.count,
             fulfillment,
             reserve: self.policy.reserve_for_gateway,
-            selection: Selection {
-                protocols: &request.filters.protocols,
-                regions: &request.filters.regions,
-                carriers: &request.filters.carriers,
-                upstreams: upstreams.as_ref(),
-            },
+            filters: &request.filters,
+            permitted_upstreams: permitted,
             request_id,
             idempotency: match key {
                 Some(k) => Some(IdempotencyScope {
                     key: keys::idempotency(&identity.client_id, k.as_str()),
-                    digest: request
-                        .digest(fulfillment)
-                        .map_err(ServiceError::Rejected)?,
+                    digest: request.digest(fulfillment).map_err(ServiceError::Digest)?,
                     ttl: self.policy.idempotency_ttl,
                 }),
                 None => None,
@@ -163,37 +157,19 @@ impl ExtractionService {
         };
         Ok(self.extractor.extract(&query).await?)
     }
-
-    /// The upstreams the request may draw from: the client's permission
-    /// narrowed by `allowedUpstreams`, which can never widen it (403).
-    fn upstreams(
-        &self,
-        identity: &Identity,
-        requested: &[String],
-    ) -> Result<Option<BTreeSet<String>>, ServiceError> {
-        match (&identity.allowed_upstreams, requested.is_empty()) {
-            (None, true) => Ok(None),
-            (None, false) => Ok(Some(requested.iter().cloned().collect())),
-            (Some(allowed), true) => Ok(Some(allowed.clone())),
-            (Some(allowed), false) => {
-                if requested.iter().any(|u| !allowed.contains(u)) {
-                    return Err(ServiceError::Rejected(Problem::new(
-                        Code::UpstreamForbidden,
-                        "allowedUpstreams names an upstream this client may not use",
-                    )));
-                }
-                Ok(Some(requested.iter().cloned().collect()))
-            }
-        }
-    }
 }
 
-/// Why an extraction did not reach a verdict.
+/// Why an extraction did not reach a verdict. `Display` of a refusal is
+/// the problem's `detail`.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    /// Refused before the pool was asked.
-    #[error("rejected: {}", .0.code())]
-    Rejected(Problem),
+    /// `allowedUpstreams` names an upstream the client may not use (403):
+    /// it may only narrow the client's permission.
+    #[error("allowedUpstreams names an upstream this client may not use")]
+    UpstreamForbidden,
+    /// The request's digest could not be serialised (never expected: 500).
+    #[error("the request digest could not be computed")]
+    Digest(#[source] serde_json::Error),
     /// The pool failed.
     #[error(transparent)]
     Pool(#[from] PoolError),

@@ -119,6 +119,8 @@ impl InvalidParam {
 }
 
 /// An RFC 9457 problem: every non-2xx answer of the API is one of these.
+/// Built from the error values of the layers in one place,
+/// `distribution::problems`; here only its form.
 #[derive(Debug, Clone)]
 pub struct Problem {
     code: Code,
@@ -152,149 +154,20 @@ impl Problem {
         }
     }
 
-    /// 400: malformed JSON, wrong types, unknown fields or bad headers.
-    pub fn bad_request(detail: impl Into<String>, params: Vec<InvalidParam>) -> Self {
-        Self::new(Code::BadRequest, detail).with_params(params)
-    }
-
-    /// 401: authentication failed; `challenges` become `WWW-Authenticate` headers.
-    pub fn unauthorized(detail: &'static str, challenges: &[&'static str]) -> Self {
-        let mut p = Self::new(Code::Unauthorized, detail);
-        for c in challenges {
-            p.headers.push((
-                HeaderName::from_static("www-authenticate"),
-                HeaderValue::from_static(c),
-            ));
-        }
-        p
-    }
-
-    /// 429: a rate limit refused the request; `Retry-After` in whole seconds.
-    pub fn too_many_requests(
-        retry_after_secs: u64,
-        headers: Vec<(HeaderName, HeaderValue)>,
-    ) -> Self {
-        let mut p = Self::new(
-            Code::RateLimited,
-            format!("rate limit exceeded, retry in {retry_after_secs} s"),
-        );
-        p.headers.push((
-            HeaderName::from_static("retry-after"),
-            HeaderValue::from(retry_after_secs),
-        ));
-        p.headers.extend(headers);
-        p
-    }
-
-    /// 404: no such endpoint.
-    pub fn not_found() -> Self {
-        Self::new(Code::NotFound, "no such endpoint")
-    }
-
-    /// 405: the endpoint exists but not for this method.
-    pub fn method_not_allowed(allow: &'static str) -> Self {
-        let mut p = Self::new(
-            Code::MethodNotAllowed,
-            format!("this endpoint accepts {allow}"),
-        );
-        p.headers.push((
-            HeaderName::from_static("allow"),
-            HeaderValue::from_static(allow),
-        ));
-        p
-    }
-
-    /// 409: `allOrNothing` could not be met.
-    pub fn insufficient_proxies(requested: u32, available: u64) -> Self {
-        Self::new(
-            Code::InsufficientProxies,
-            format!("requested {requested} proxies but only {available} are currently eligible"),
-        )
-    }
-
-    /// 409: `allOrNothing` could not be met from what the extraction could
-    /// reach past a backlog of spent entries (a stalled health checker); the
-    /// index is being cleared, so a retry soon may succeed.
-    pub fn insufficient_behind_backlog(requested: u32, reached: u64) -> Self {
-        Self::new(
-            Code::InsufficientProxies,
-            format!(
-                "requested {requested} proxies but only {reached} could be reached past a backlog of expired or stale entries now being cleared; retry shortly"
-            ),
-        )
-    }
-
-    /// 409: an `Idempotency-Key` reused with another request body.
-    pub fn idempotency_key_reused() -> Self {
-        Self::new(
-            Code::IdempotencyKeyReused,
-            "this Idempotency-Key was already used with a different request",
-        )
-    }
-
-    /// 413: the body is larger than the configured limit.
-    pub fn payload_too_large(limit: usize) -> Self {
-        Self::new(
-            Code::PayloadTooLarge,
-            format!("the request body must not exceed {limit} bytes"),
-        )
-    }
-
-    /// 415: the body is not `application/json`.
-    pub fn unsupported_media_type() -> Self {
-        Self::new(
-            Code::UnsupportedMediaType,
-            "the request body must be application/json",
-        )
-    }
-
-    /// 422: well-formed, but against the business rules.
-    pub fn unprocessable(params: Vec<InvalidParam>) -> Self {
-        Self::new(
-            Code::ValidationFailed,
-            "the request violates a business constraint",
-        )
-        .with_params(params)
-    }
-
-    /// 431: a request head over the HTTP/1.1 parser's limits (`detail`
-    /// names them).
-    pub fn headers_too_large(detail: impl Into<String>) -> Self {
-        Self::new(Code::HeadersTooLarge, detail)
-    }
-
-    /// 503: this deployment's pool policy is not the one the pool records
-    /// (the values go to the log, not to the public body).
-    pub fn pool_policy_mismatch() -> Self {
-        Self::new(
-            Code::PoolPolicyMismatch,
-            "the pool records another policy than this deployment's",
-        )
-    }
-
-    /// 503: the pool records another layout version than this deployment
-    /// reads (`detail` names both; build facts, nothing secret).
-    pub fn pool_layout_mismatch(detail: String) -> Self {
-        Self::new(Code::PoolLayoutMismatch, detail)
-    }
-
-    /// 503: the pool cannot be reached or the service is draining.
-    pub fn unavailable(detail: impl Into<String>) -> Self {
-        Self::new(Code::ServiceUnavailable, detail)
-    }
-
     /// 500: says nothing about the cause, which goes to the log instead.
     pub fn internal() -> Self {
         Self::new(Code::InternalError, "the request could not be completed")
     }
 
-    /// The same problem answered with one more header.
+    /// The same problem answered with one more header (appended: a name
+    /// may repeat, as `WWW-Authenticate` does).
     pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
         self.headers.push((name, value));
         self
     }
 
-    fn with_params(mut self, params: Vec<InvalidParam>) -> Self {
+    /// The same problem naming the fields at fault (`invalidParams`).
+    pub fn with_params(mut self, params: Vec<InvalidParam>) -> Self {
         self.invalid_params = params;
         self
     }

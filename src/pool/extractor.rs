@@ -57,11 +57,12 @@ impl Extractor {
     /// "again", at most [`MAX_EXTRACT_ROUNDS`] calls).
     pub async fn extract(&self, q: &ExtractionQuery<'_>) -> Result<ExtractionOutcome, PoolError> {
         let mut inv = self.pool.invocation(&scripts::EXTRACT);
-        let sel = &q.selection;
-        let filtered = !sel.protocols.is_empty()
-            || !sel.regions.is_empty()
-            || !sel.carriers.is_empty()
-            || sel.upstreams.is_some();
+        let f = q.filters;
+        let upstreams = f.upstreams(q.permitted_upstreams);
+        let filtered = !f.protocols.is_empty()
+            || !f.regions.is_empty()
+            || !f.carriers.is_empty()
+            || upstreams.is_some();
         let groups: String = [
             (filtered, 'f'),
             (q.idempotency.is_some(), 'i'),
@@ -76,10 +77,10 @@ impl Extractor {
             .arg(q.request_id)
             .arg(groups);
         if filtered {
-            inv.arg(filter_arg(restricting(sel.protocols)))
-                .arg(filter_arg(restricting(sel.regions)))
-                .arg(filter_arg(restricting(sel.carriers)))
-                .arg(filter_arg(sel.upstreams));
+            inv.arg(filter_arg(restricting(&f.protocols)))
+                .arg(filter_arg(restricting(&f.regions)))
+                .arg(filter_arg(restricting(&f.carriers)))
+                .arg(filter_arg(upstreams));
         }
         if let Some(scope) = &q.idempotency {
             // With replica acks, a replay rewrites its record, so the WAIT

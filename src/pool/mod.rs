@@ -57,8 +57,8 @@ pub use maintenance::{
 pub use new_proxy::{LineError, NewProxy, UpsertStatus};
 pub use policy::PoolPolicy;
 pub use query::{
-    CommittedExtraction, ExtractionOutcome, ExtractionQuery, Fulfillment, IdempotencyScope,
-    PooledProxy, Protocol, Selection, UsageScope, hour_of,
+    CommittedExtraction, ExtractionOutcome, ExtractionQuery, Filters, Fulfillment,
+    IdempotencyScope, PooledProxy, Protocol, UsageScope, hour_of,
 };
 pub use rate_limits::{Admission, Limit, LimitState, RateLimits};
 pub use redis_pool::RedisPool;

@@ -4,6 +4,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use serde::Serialize;
+
 use super::keys::PoolKeys;
 // A setting too (`PROXY_POOL_DEFAULT_FULFILLMENT`), so its type lives with
 // the settings.
@@ -45,18 +47,44 @@ impl Protocol {
 }
 
 /// Which proxies a request may be given: OR within a dimension, AND across
-/// dimensions; an empty list does not restrict.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Selection<'a> {
-    /// Any of these protocols.
-    pub protocols: &'a [String],
-    /// Any of these regions.
-    pub regions: &'a [String],
-    /// Any of these carriers.
-    pub carriers: &'a [String],
-    /// Only these upstreams (the client's permission, narrowed by its
-    /// `allowedUpstreams`); `None` means any, an empty set none.
-    pub upstreams: Option<&'a BTreeSet<String>>,
+/// dimensions; an empty list does not restrict. The one filter type of the
+/// extraction path: validated and sorted once, when the request is decoded
+/// (`extraction::ExtractRequest::decode`), and taken by the pool as it is.
+/// Serialised as the request names them, empty lists left out (the
+/// canonical form an idempotency digest is taken of).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Filters {
+    /// Any of these protocols (sorted, duplicate-free).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub protocols: Vec<String>,
+    /// Any of these regions (sorted, duplicate-free; "" is the unknown one).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<String>,
+    /// Any of these carriers (sorted, duplicate-free; "" is the unknown one).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub carriers: Vec<String>,
+    /// Any of these upstreams (sorted, duplicate-free): only narrows what
+    /// the client may use ([`ExtractionQuery::permitted_upstreams`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_upstreams: Vec<String>,
+}
+
+impl Filters {
+    /// The upstreams an extraction may draw from: the ones these filters
+    /// name, else all the client may use (`permitted`; `None`: any, so no
+    /// restriction; an empty set: none). The caller has refused filters
+    /// naming an upstream outside `permitted`: they narrow, never widen.
+    pub fn upstreams<'a>(
+        &'a self,
+        permitted: Option<&'a BTreeSet<String>>,
+    ) -> Option<Vec<&'a String>> {
+        if self.allowed_upstreams.is_empty() {
+            permitted.map(|p| p.iter().collect())
+        } else {
+            Some(self.allowed_upstreams.iter().collect())
+        }
+    }
 }
 
 /// Where a committed extraction is recorded for replay.
@@ -81,8 +109,11 @@ pub struct ExtractionQuery<'a> {
     pub fulfillment: Fulfillment,
     /// Eligible proxies to leave for the Gateway.
     pub reserve: u32,
-    /// Which proxies match.
-    pub selection: Selection<'a>,
+    /// Which proxies match, as the request named them.
+    pub filters: &'a Filters,
+    /// The upstreams the client may use at all (its registry entry);
+    /// `None`: any. The filters' `allowed_upstreams` narrow them.
+    pub permitted_upstreams: Option<&'a BTreeSet<String>>,
     /// Copied into the committed result.
     pub request_id: &'a str,
     /// Present when the caller sent an `Idempotency-Key`.

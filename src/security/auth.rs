@@ -12,9 +12,8 @@ use lambda_http::http::{HeaderMap, header};
 
 use super::directory::{DirectoryError, RedisRegistry};
 use super::registry::{Client, ClientRegistry, CredentialKind};
-use super::source::{Unknown, client_ip};
+use super::source::client_ip;
 use super::{Identity, IdentityResolver, Resolving, Unresolved};
-use crate::httpapi::{Code, Problem};
 // Settings (`PROXY_POOL_AUTH_SCHEMES` and the source variables), so their
 // types live with the settings; what admission does with them is here.
 pub use crate::config::{AuthSchemes, SchemesError, SourcePolicy};
@@ -28,6 +27,7 @@ impl AuthSchemes {
         self.api_key || self.basic || self.bearer
     }
 
+    /// A `WWW-Authenticate` challenge per enabled scheme.
     fn challenges(self) -> Vec<&'static str> {
         let mut c = Vec::new();
         if self.api_key {
@@ -156,6 +156,24 @@ pub struct Guard {
     registry: Directory,
 }
 
+/// Why the credentials did not authenticate a client (each a 401;
+/// `Display` is its `detail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unauthenticated {
+    /// None presented, and anonymous callers are not served.
+    #[error("credentials are required")]
+    Missing,
+    /// Two credentials, repeated headers, an unknown scheme, a bad encoding.
+    #[error("malformed credentials")]
+    Malformed,
+    /// A credential of a scheme that is not enabled.
+    #[error("this authentication scheme is not enabled")]
+    SchemeDisabled,
+    /// No client has this credential.
+    #[error("invalid credentials")]
+    Invalid,
+}
+
 enum Presented {
     Nothing,
     Credential(CredentialKind, Vec<u8>),
@@ -176,8 +194,11 @@ impl Guard {
         }
     }
 
-    fn unauthorized(&self, detail: &'static str) -> Problem {
-        Problem::unauthorized(detail, &self.schemes.challenges())
+    fn unauthenticated(&self, why: Unauthenticated) -> Unresolved {
+        Unresolved::Unauthenticated {
+            why,
+            challenges: self.schemes.challenges(),
+        }
     }
 
     /// The anonymous client at `ip`: identified by its address; an IPv6
@@ -197,13 +218,6 @@ impl Guard {
             max_count: None,
             rate: None,
         }
-    }
-
-    fn forbidden_source() -> Problem {
-        Problem::new(
-            Code::SourceForbidden,
-            "requests from this source address are not allowed",
-        )
     }
 }
 
@@ -228,12 +242,11 @@ impl Guard {
             request,
             &self.sources.trusted_proxies,
             self.sources.trust_alb,
-        )
-        .map_err(unknown_source)?;
+        )?;
         if inside(&self.sources.denied, &ip)
             || (!self.sources.allowed.is_empty() && !inside(&self.sources.allowed, &ip))
         {
-            return Err(Self::forbidden_source().into());
+            return Err(Unresolved::SourceForbidden);
         }
         // With `none` the only scheme there is nothing to check credentials
         // against and no challenge to send, and a 401 without one breaks
@@ -243,8 +256,8 @@ impl Guard {
         }
         let (kind, secret) = match presented(request.headers()) {
             Presented::Nothing if self.schemes.none => return Ok(self.anonymous(ip)),
-            Presented::Nothing => return Err(self.unauthorized("credentials are required").into()),
-            Presented::Malformed => return Err(self.unauthorized("malformed credentials").into()),
+            Presented::Nothing => return Err(self.unauthenticated(Unauthenticated::Missing)),
+            Presented::Malformed => return Err(self.unauthenticated(Unauthenticated::Malformed)),
             Presented::Credential(kind, secret) => (kind, secret),
         };
         let enabled = match kind {
@@ -253,34 +266,27 @@ impl Guard {
             CredentialKind::Bearer => self.schemes.bearer,
         };
         if !enabled {
-            return Err(self
-                .unauthorized("this authentication scheme is not enabled")
-                .into());
+            return Err(self.unauthenticated(Unauthenticated::SchemeDisabled));
         }
         let client = match &self.registry {
             Directory::Document(handle) => {
-                let registry = handle
-                    .current()
-                    .ok_or_else(|| Problem::unavailable("the client registry is not loaded yet"))?;
+                let registry = handle.current().ok_or(Unresolved::RegistryMissing)?;
                 registry.authenticate(kind, &secret).cloned()
             }
             Directory::Redis(redis) => match redis.authenticate(kind, &secret).await {
                 Ok(client) => client,
                 Err(DirectoryError::Pool(e)) => return Err(Unresolved::Pool(e)),
-                Err(e) => {
-                    tracing::error!(error = %e, "client registry entry unusable");
-                    return Err(Problem::internal().into());
-                }
+                Err(e) => return Err(Unresolved::RegistryEntry(e)),
             },
         };
-        let client = client.ok_or_else(|| self.unauthorized("invalid credentials"))?;
+        let client = client.ok_or_else(|| self.unauthenticated(Unauthenticated::Invalid))?;
         self.admit_client(client, ip)
     }
 
     /// The identity of `client` calling from `ip`, if its sources allow.
     fn admit_client(&self, client: Client, ip: IpAddr) -> Result<Identity, Unresolved> {
         if !client.allowed_sources.is_empty() && !inside(&client.allowed_sources, &ip) {
-            return Err(Self::forbidden_source().into());
+            return Err(Unresolved::SourceForbidden);
         }
         Ok(Identity {
             rate_key: client.id.clone(),
@@ -296,20 +302,6 @@ impl Guard {
 /// Whether `ip` is inside any of `nets`.
 fn inside(nets: &[IpNet], ip: &IpAddr) -> bool {
     nets.iter().any(|n| n.contains(ip))
-}
-
-/// The 403 for a request whose client address is not known.
-fn unknown_source(why: Unknown) -> Problem {
-    let detail = match why {
-        Unknown::NoPeer => "the request's source address is unknown",
-        Unknown::UntrustedLoadBalancer => {
-            "the request came through a load balancer whose X-Forwarded-For is not trusted, so its source address is unknown"
-        }
-        Unknown::Chain => {
-            "the forwarded chain from a trusted proxy does not name the client's address"
-        }
-    };
-    Problem::new(Code::SourceUnknown, detail)
 }
 
 /// The one credential a request carries. Two credentials, repeated headers,

@@ -11,11 +11,12 @@ mod source;
 
 pub use auth::{
     AuthSchemes, Directory, Guard, RegistryHandle, RegistryState, SchemesError, SourcePolicy,
+    Unauthenticated,
 };
 pub use directory::{DirectoryError, Imported, RedisRegistry};
 pub use ratelimit::{Rate, RateError, RateLimitHeaders, RateLimiter, Refusal};
 pub use registry::{ClientEntry, ClientRegistry, RegistryError};
-pub use source::PeerAddr;
+pub use source::{PeerAddr, UnknownSource};
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -24,7 +25,6 @@ use std::pin::Pin;
 
 use lambda_http::Request;
 
-use crate::httpapi::Problem;
 use crate::pool::PoolError;
 
 /// The resolved caller of one request.
@@ -46,19 +46,33 @@ pub struct Identity {
     pub rate: Option<Rate>,
 }
 
-/// Why a caller was not resolved.
-#[derive(Debug)]
+/// Why a caller was not resolved. `Display` of a refusal is the
+/// problem's `detail`.
+#[derive(Debug, thiserror::Error)]
 pub enum Unresolved {
-    /// The problem to answer with (401, 403, 503).
-    Refused(Problem),
+    /// The request's source address is not known (403).
+    #[error(transparent)]
+    SourceUnknown(#[from] UnknownSource),
+    /// The source address is denied, or not one the client may use (403).
+    #[error("requests from this source address are not allowed")]
+    SourceForbidden,
+    /// Authentication failed (401).
+    #[error("{why}")]
+    Unauthenticated {
+        /// What was wrong with the credentials.
+        why: Unauthenticated,
+        /// A `WWW-Authenticate` challenge per enabled scheme.
+        challenges: Vec<&'static str>,
+    },
+    /// The client registry document was never loaded (503).
+    #[error("the client registry is not loaded yet")]
+    RegistryMissing,
+    /// The client's Redis registry entry cannot be used (500).
+    #[error("client registry entry unusable")]
+    RegistryEntry(#[source] DirectoryError),
     /// The Redis client registry could not be read.
+    #[error(transparent)]
     Pool(PoolError),
-}
-
-impl From<Problem> for Unresolved {
-    fn from(problem: Problem) -> Self {
-        Self::Refused(problem)
-    }
 }
 
 /// A resolution in progress.

@@ -4,7 +4,6 @@
 use lambda_http::http::{HeaderName, HeaderValue};
 
 use super::Identity;
-use crate::httpapi::Problem;
 // A setting (`PROXY_POOL_GLOBAL_RATE`, `PROXY_POOL_CLIENT_RATE`) and a
 // registry field (`rateLimit`), so its type lives with the settings; what
 // the limiter computes from it is here.
@@ -42,11 +41,18 @@ pub struct RateLimiter {
 pub type RateLimitHeaders = Vec<(HeaderName, HeaderValue)>;
 
 /// Why a request was not admitted.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum Refusal {
-    /// Over a limit: the 429 (with `Retry-After`) to answer with.
-    Limited(Problem),
+    /// Over a limit (429).
+    #[error("rate limit exceeded, retry in {retry_after_secs} s")]
+    Limited {
+        /// When to retry (`Retry-After`), in whole seconds, at least 1.
+        retry_after_secs: u64,
+        /// The limits' state, as an admitted request would have had it.
+        headers: RateLimitHeaders,
+    },
     /// The limits could not be checked: they fail closed.
+    #[error(transparent)]
     Pool(PoolError),
 }
 
@@ -130,11 +136,10 @@ impl RateLimiter {
         if verdict.admitted {
             Ok(headers)
         } else {
-            let retry_after = verdict.retry_after_ms.div_ceil(1000).max(1);
-            Err(Refusal::Limited(Problem::too_many_requests(
-                retry_after,
+            Err(Refusal::Limited {
+                retry_after_secs: verdict.retry_after_ms.div_ceil(1000).max(1),
                 headers,
-            )))
+            })
         }
     }
 }

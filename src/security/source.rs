@@ -45,16 +45,22 @@ fn peer(request: &Request) -> Option<Peer> {
     raw.parse().ok().map(|ip| Peer::Address(canonical_ip(ip)))
 }
 
-/// Why a request's client address is not known (each a 403 `SOURCE_UNKNOWN`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unknown {
+/// Why a request's client address is not known (each a 403
+/// `SOURCE_UNKNOWN`; `Display` is its `detail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum UnknownSource {
     /// The event names no source address.
+    #[error("the request's source address is unknown")]
     NoPeer,
     /// An ALB event, and ALB `X-Forwarded-For` is not trusted.
+    #[error(
+        "the request came through a load balancer whose X-Forwarded-For is not trusted, so its source address is unknown"
+    )]
     UntrustedLoadBalancer,
     /// A trusted peer's forwarded chain does not name the caller: a hop that
     /// is not an address, more than [`MAX_HOPS`] trusted hops, or (from an
     /// ALB) no hop at all.
+    #[error("the forwarded chain from a trusted proxy does not name the client's address")]
     Chain,
 }
 
@@ -72,27 +78,27 @@ pub fn client_ip(
     request: &Request,
     trusted: &[IpNet],
     trust_load_balancer: bool,
-) -> Result<IpAddr, Unknown> {
+) -> Result<IpAddr, UnknownSource> {
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
     let mut current = match peer(request) {
-        None => return Err(Unknown::NoPeer),
+        None => return Err(UnknownSource::NoPeer),
         Some(Peer::Address(ip)) if !is_trusted(&ip) => return Ok(ip),
         Some(Peer::Address(ip)) => Some(ip),
         Some(Peer::LoadBalancer) if trust_load_balancer => None,
-        Some(Peer::LoadBalancer) => return Err(Unknown::UntrustedLoadBalancer),
+        Some(Peer::LoadBalancer) => return Err(UnknownSource::UntrustedLoadBalancer),
     };
     let hops = forwarded_hops(request.headers());
     for (walked, hop) in hops.into_iter().rev().enumerate() {
         if walked == MAX_HOPS {
-            return Err(Unknown::Chain);
+            return Err(UnknownSource::Chain);
         }
-        let ip = hop.ok_or(Unknown::Chain)?;
+        let ip = hop.ok_or(UnknownSource::Chain)?;
         current = Some(ip);
         if !is_trusted(&ip) {
             break;
         }
     }
-    current.ok_or(Unknown::Chain)
+    current.ok_or(UnknownSource::Chain)
 }
 
 /// Hops of `X-Forwarded-For` (preferred) or `Forwarded` `for=`, left to right;
@@ -194,11 +200,14 @@ mod tests {
         assert_eq!(xff("1.1.1.1, 203.0.113.9, 10.0.0.7"), Ok(ip("203.0.113.9")));
         assert_eq!(xff("10.0.0.9, 10.0.0.7"), Ok(ip("10.0.0.9")));
         assert_eq!(xff("garbage, 203.0.113.9, 10.0.0.7"), Ok(ip("203.0.113.9")));
-        assert_eq!(xff("203.0.113.9, garbage, 10.0.0.7"), Err(Unknown::Chain));
-        assert_eq!(xff("unknown"), Err(Unknown::Chain));
-        assert_eq!(xff("203.0.113.9,"), Err(Unknown::Chain));
+        assert_eq!(
+            xff("203.0.113.9, garbage, 10.0.0.7"),
+            Err(UnknownSource::Chain)
+        );
+        assert_eq!(xff("unknown"), Err(UnknownSource::Chain));
+        assert_eq!(xff("203.0.113.9,"), Err(UnknownSource::Chain));
         let long = vec!["10.0.0.5"; MAX_HOPS + 1].join(",");
-        assert_eq!(xff(&long), Err(Unknown::Chain));
+        assert_eq!(xff(&long), Err(UnknownSource::Chain));
         let req = from(
             "10.0.0.1",
             "forwarded",
@@ -209,6 +218,9 @@ mod tests {
             Ok(ip("2001:db8:cafe::17"))
         );
         let req = from("10.0.0.1", "forwarded", "for=unknown");
-        assert_eq!(client_ip(&req, &trusted(), false), Err(Unknown::Chain));
+        assert_eq!(
+            client_ip(&req, &trusted(), false),
+            Err(UnknownSource::Chain)
+        );
     }
 }

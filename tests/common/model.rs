@@ -598,12 +598,13 @@ impl MemoryPool {
             };
         }
         let wanted = |list: &[String], v: &str| list.is_empty() || list.iter().any(|w| w == v);
-        let s = &q.selection;
+        let f = q.filters;
+        let upstreams = f.upstreams(q.permitted_upstreams);
         let matches = |r: &Record| {
-            wanted(s.protocols, &r.protocol)
-                && wanted(s.regions, &r.region)
-                && wanted(s.carriers, &r.carrier)
-                && s.upstreams.is_none_or(|u| u.contains(&r.upstream))
+            wanted(&f.protocols, &r.protocol)
+                && wanted(&f.regions, &r.region)
+                && wanted(&f.carriers, &r.carrier)
+                && (upstreams.as_ref()).is_none_or(|u| u.contains(&&r.upstream))
         };
         // Eligible: indexed, deadline ahead, matching; in the scripts'
         // order, by "<expiry>|<id>". Spent entries stay indexed (prune
