@@ -191,7 +191,7 @@ impl Timeline {
         );
         let _ = writeln!(
             out,
-            "served = 200 with a proxy; backlog = ZCOUNT {{pp}}:ix:live -inf now (spent entries not yet pruned) at the end of the second; eligible = entries whose deadline is ahead; slowest call = the longest extraction script call SLOWLOG kept in the second (0: none took 1 ms), >5ms = how many took over 5 ms; other script = the longest call of the Controller's upserts or the prune; statuses = HTTP status: answers (409: allOrNothing with nothing eligible)."
+            "served = 200 with a proxy; backlog = ZCOUNT {{pp}}:v2:due -inf now (spent entries not yet pruned) at the end of the second; eligible = entries whose deadline is ahead; slowest call = the longest extraction script call SLOWLOG kept in the second (0: none took 1 ms), >5ms = how many took over 5 ms; other script = the longest call of the Controller's upserts or the prune; statuses = HTTP status: answers (409: allOrNothing with nothing eligible)."
         );
         out
     }
