@@ -143,6 +143,8 @@ PHASE_CASES = [
 ]
 POOL_KEYS = ["rec", "due", "ax", "hd", "cnt", "idem", "idemx"]
 PRELUDE = ["base.lua", "record.lua", "index.lua"]
+# The phases joined before lua/extract.lua's main (src/pool/scripts.rs).
+EXTRACT_PARTS = ["request.lua", "plan.lua", "walk.lua", "take.lua"]
 
 
 def probe_library():
@@ -155,6 +157,11 @@ def probe_library():
             prelude += f.read() + "\n"
     with open(os.path.join(root, "extract.lua")) as f:
         body = f.read().split("\n", 1)[1]
+    parts = ""
+    for part in EXTRACT_PARTS:
+        with open(os.path.join(root, "extract", part)) as f:
+            parts += f.read() + "\n"
+    body = parts + body
     entry = "local function extract(keys, argv)\n"
     top = ""
     for i, (_, anchor) in enumerate(MARKERS):

@@ -37,71 +37,96 @@ fn prelude() -> String {
 }
 
 /// One script's source: its name in the library, its code (first line a
-/// `#!lua` shebang) and whether it is a pool script (it defines a main
-/// function of its name over the prelude, taking the pool keys first).
+/// `#!lua` shebang), the parts joined in front of its body (its phases'
+/// functions, when they are kept in files of their own) and whether it is
+/// a pool script (it defines a main function of its name over the
+/// prelude, taking the pool keys first).
 struct Source {
     name: &'static str,
     code: &'static str,
+    parts: &'static [&'static str],
     pool: bool,
 }
+
+/// The phases of `lua/extract.lua`, in the order they are joined before
+/// its main (each sees the locals of those before it).
+const EXTRACT_PARTS: [&str; 4] = [
+    include_str!("../../lua/extract/request.lua"),
+    include_str!("../../lua/extract/plan.lua"),
+    include_str!("../../lua/extract/walk.lua"),
+    include_str!("../../lua/extract/take.lua"),
+];
 
 const SOURCES: [Source; 10] = [
     Source {
         name: "extract",
         code: include_str!("../../lua/extract.lua"),
+        parts: &EXTRACT_PARTS,
         pool: true,
     },
     Source {
         name: "upsert",
         code: include_str!("../../lua/upsert.lua"),
+        parts: &[],
         pool: true,
     },
     Source {
         name: "contract",
         code: include_str!("../../lua/contract.lua"),
+        parts: &[],
         pool: true,
     },
     Source {
         name: "prune",
         code: include_str!("../../lua/prune.lua"),
+        parts: &[],
         pool: true,
     },
     Source {
         name: "inventory",
         code: include_str!("../../lua/inventory.lua"),
+        parts: &[],
         pool: true,
     },
     Source {
         name: "ratelimit",
         code: include_str!("../../lua/ratelimit.lua"),
+        parts: &[],
         pool: false,
     },
     Source {
         name: "usage_backlog",
         code: include_str!("../../lua/usage_backlog.lua"),
+        parts: &[],
         pool: false,
     },
     Source {
         name: "client_lookup",
         code: include_str!("../../lua/client_lookup.lua"),
+        parts: &[],
         pool: false,
     },
     Source {
         name: "client_put",
         code: include_str!("../../lua/client_put.lua"),
+        parts: &[],
         pool: false,
     },
     Source {
         name: "client_revoke",
         code: include_str!("../../lua/client_revoke.lua"),
+        parts: &[],
         pool: false,
     },
 ];
 
 impl Source {
-    /// The shebang line and the body after it.
-    fn split(&self) -> (&'static str, &'static str) {
-        self.code.split_once('\n').unwrap_or((self.code, ""))
+    /// The shebang line and the body after it, its parts joined in front.
+    fn split(&self) -> (&'static str, String) {
+        let (shebang, body) = self.code.split_once('\n').unwrap_or((self.code, ""));
+        let mut joined: String = self.parts.iter().map(|part| format!("{part}\n")).collect();
+        joined.push_str(body);
+        (shebang, joined)
     }
 
     /// The code `EVALSHA` runs: a pool script gets the prelude joined in
