@@ -128,7 +128,7 @@ MARKERS = [
     ("keys bound, clock, policy, request read", "  local answered = replay(X)\n"),
     ("idempotency lookup", "  plan(X)\n"),
     ("plan", "  local w, ix = new_writes(), new_changes()\n"),
-    ("count (with a reserve)", "  walk(X)\n"),
+    ("count (with a reserve)", "\n  walk(X)\n"),
     ("walk: heads, probes, records, judgements", "  -- Decide.\n"),
     ("decide: the index changes planned", "  local refused = commit(w, ix)\n  if refused then return refused end\n  local result"),
     ("commit: counts and heads planned, writes", "\n  local result = record_result(X)\n"),
