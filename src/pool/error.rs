@@ -160,11 +160,8 @@ impl From<RedisError> for PoolError {
             let recorded = e
                 .detail()
                 .and_then(|d| d.split_whitespace().next())
-                .and_then(PoolPolicy::parse_script_arg);
-            return Self::unavailable(
-                OutageClass::Policy,
-                recorded.map_or_else(|| "another one".into(), |p| p.to_string()),
-            );
+                .unwrap_or("");
+            return Self::unavailable(OutageClass::Policy, PoolPolicy::describe_recorded(recorded));
         }
         if e.code() == Some("LAYOUT") {
             // The script names the pool's layout version: kept when it is

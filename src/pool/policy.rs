@@ -44,6 +44,13 @@ impl PoolPolicy {
             min_remaining_ttl: Duration::from_millis(ttl.parse().ok()?),
         })
     }
+
+    /// How a policy recorded in the pool (its scripts' form, from a
+    /// script's `POLICY` refusal or the `meta` field) is named in a
+    /// refusal: only its parsed numbers, never other text.
+    pub(super) fn describe_recorded(recorded: &str) -> String {
+        Self::parse_script_arg(recorded).map_or_else(|| "another one".into(), |p| p.to_string())
+    }
 }
 
 impl fmt::Display for PoolPolicy {

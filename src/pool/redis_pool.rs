@@ -260,19 +260,26 @@ impl RedisPool {
         };
         let (layout, policy) = recorded.split_once('|').unwrap_or((&recorded, ""));
         if layout != keys::LAYOUT {
-            return Err(PoolError::unavailable(
-                OutageClass::Layout,
-                layout.to_owned(),
-            ));
+            return Err(layout_mismatch(layout));
         }
         if policy != self.options.policy.script_arg() {
-            return Err(PoolError::unavailable(
-                OutageClass::Policy,
-                PoolPolicy::parse_script_arg(policy)
-                    .map_or_else(|| "another one".into(), |p| p.to_string()),
-            ));
+            return Err(self.policy_mismatch(&PoolPolicy::describe_recorded(policy)));
         }
         Ok(())
+    }
+
+    /// A script's refusal of the pool's policy or layout (which names only
+    /// the pool's side) as the refusal naming both sides.
+    fn name_both(&self, e: PoolError) -> PoolError {
+        match e {
+            PoolError::Unavailable(o) if o.class == OutageClass::Policy => {
+                self.policy_mismatch(&o.detail)
+            }
+            PoolError::Unavailable(o) if o.class == OutageClass::Layout => {
+                layout_mismatch(&o.detail)
+            }
+            e => e,
+        }
     }
 
     /// The refusal when the pool's policy (described by `pool`) is not ours,
@@ -371,7 +378,7 @@ impl RedisPool {
                         tokio::time::sleep(REPEAT_AFTER).await;
                     }
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(self.name_both(e.into())),
             }
         }
     }
@@ -437,17 +444,7 @@ impl RedisPool {
     ) -> Result<T, PoolError> {
         let result = tokio::time::timeout(self.timeout, op)
             .await
-            .unwrap_or_else(|_| Err(PoolError::unavailable(OutageClass::Timeout, "timed out")))
-            .map_err(|e| match e {
-                // Scripts and readiness name the pool's policy or layout: add ours.
-                PoolError::Unavailable(o) if o.class == OutageClass::Policy => {
-                    self.policy_mismatch(&o.detail)
-                }
-                PoolError::Unavailable(o) if o.class == OutageClass::Layout => {
-                    layout_mismatch(&o.detail)
-                }
-                e => e,
-            });
+            .unwrap_or_else(|_| Err(PoolError::unavailable(OutageClass::Timeout, "timed out")));
         match &result {
             Ok(_) => {
                 self.suspect.store(false, Ordering::Relaxed);
