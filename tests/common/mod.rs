@@ -7,6 +7,7 @@ pub mod pools;
 pub mod postgres;
 mod raw;
 mod tls;
+pub mod topology;
 
 // Each test crate uses some of these; the others are not unused code.
 #[allow(unused_imports)]
