@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The relay drills of tests/deployments.rs (lost replies, single server and
+# The relay drills of tests/drills.rs (lost replies, single server and
 # cluster; the cluster acknowledgement drills), run N times in a row (default
 # 50) while `stress --cpu 4` loads the machine: a drill that synchronises on
 # anything but the relay's report fails here. Needs `stress` (apt-get install
@@ -7,8 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs="${1:-50}"
-bin=$(cargo test --locked --test deployments --no-run --message-format=json 2>/dev/null |
-  sed -n 's/.*"executable":"\([^"]*deployments[^"]*\)".*/\1/p' | tail -1)
+bin=$(cargo test --locked --test drills --no-run --message-format=json 2>/dev/null |
+  sed -n 's/.*"executable":"\([^"]*drills[^"]*\)".*/\1/p' | tail -1)
 stress --cpu 4 >/dev/null 2>&1 &
 load=$!
 trap 'kill $load 2>/dev/null || true' EXIT

@@ -16,8 +16,9 @@
 #                                schemathesis contract test.
 #   bash scripts/test.sh quick   the inner loop: formatting, lints, the unit
 #                                tests and the core integration tests
-#                                (extraction, HTTP, admission, pool contract,
-#                                its Python client, model, shapes at a small N,
+#                                (extraction and its Redis faults, HTTP,
+#                                admission, pool contract, its Python client,
+#                                model, shapes at a small N,
 #                                docs, the contract's codes, the key layout,
 #                                architecture) against a private
 #                                redis-server. No end-to-end run, no cluster,
@@ -69,8 +70,8 @@ if [ "$tier" = quick ]; then
   # case counts; MODEL_CASES and PROXY_POOL_SHAPES_POOL set by the caller win).
   stage "core integration tests" cargo test --locked \
     --test architecture --test docs --test openapi --test key_layout --test extract \
-    --test http_api --test admission --test contract --test contract_python --test model \
-    --test shapes
+    --test extract_faults --test http_api --test admission --test contract \
+    --test contract_python --test model --test shapes
   exit 0
 fi
 

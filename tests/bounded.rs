@@ -8,6 +8,10 @@
 //! layout) refuse loudly instead of misreading it. Work is counted in
 //! Redis's own command counts (`INFO commandstats`: deterministic), never
 //! in time.
+//!
+//! Over 600 lines on purpose: one property (bounded work per legal request)
+//! measured one way (Redis's own command counts), whose tests share the pool
+//! shapes and counters at the top.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;

@@ -1,5 +1,10 @@
 //! The `proxy-pool` binary as an operator runs it: `load` from JSON Lines and
 //! `serve` with its embedded default (private Redis, demo pool).
+//!
+//! The contract subcommands, `stats` and `hash-credential` are here too.
+//! Over 600 lines on purpose: one surface (the binary, run as a process, its
+//! output read back), whose tests share how it is run (`run`,
+//! `run_with_input`, `load`) over one Redis.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;

@@ -7,6 +7,10 @@
 //! page is the one `lua/prelude/record.lua` parses; and every key a
 //! pool's life writes in Redis has the type and TTL the table gives. A key
 //! renamed, added or retyped on one side only fails here.
+//!
+//! Over 500 lines on purpose: one description checked from both ends (the
+//! page's table against the code, and against what Redis holds), every test
+//! reading the table through the one parser at the top.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;

@@ -4,6 +4,10 @@
 //! retries) and clock advances run against the Lua scripts on a real Redis
 //! and against the in-memory reference model, which must agree on every
 //! result and on the whole pool state after every step.
+//!
+//! Over 500 lines on purpose: one property test, whose operation generator
+//! and the step that runs each operation on both sides are one unit (the
+//! model itself is `common/model.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 mod common;
