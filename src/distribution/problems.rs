@@ -9,7 +9,8 @@
 
 use lambda_http::http::{HeaderName, HeaderValue};
 
-use super::{MAX_HEAD_BYTES, MAX_HEADER_BYTES, MAX_HEADER_FIELDS, RefusedHead, readiness};
+use super::head::{MAX_HEAD_BYTES, MAX_HEADER_BYTES, MAX_HEADER_FIELDS, RefusedHead};
+use super::readiness;
 use crate::extraction::{RequestError, ServiceError};
 use crate::httpapi::{Code, InvalidParam, Problem};
 use crate::pool::{OutageClass, PoolError};

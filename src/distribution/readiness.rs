@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lambda_http::http::HeaderValue;
 
-use super::App;
+use super::app::App;
 use crate::pool::{PoolError, UsageBacklog, UsageStore};
 use crate::security::RegistryState;
 

@@ -2,7 +2,8 @@ use lambda_http::Body;
 use lambda_http::http::{HeaderName, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 
-use super::{RequestId, respond};
+use super::request_id::RequestId;
+use super::response::respond;
 
 /// Base of every problem `type` URI.
 const TYPE_BASE: &str = "https://proxy-pool.local/problems/";
@@ -116,6 +117,16 @@ impl InvalidParam {
             reason: reason.into(),
         }
     }
+}
+
+/// Serialises `value` as JSON. A failure (impossible for the plain structs
+/// this crate serialises, but never silent) is logged and answered as a
+/// cause-free 500 (here, beside the same fallback of a problem's own body).
+pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String, Problem> {
+    serde_json::to_string(value).map_err(|e| {
+        tracing::error!(error = %e, "a response could not be serialised");
+        Problem::internal()
+    })
 }
 
 /// An RFC 9457 problem: every non-2xx answer of the API is one of these.

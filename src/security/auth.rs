@@ -11,9 +11,11 @@ use lambda_http::Request;
 use lambda_http::http::{HeaderMap, header};
 
 use super::directory::{DirectoryError, RedisRegistry};
+use super::identity::{
+    Identity, IdentityResolver, RegistryState, Resolving, Unauthenticated, Unresolved,
+};
 use super::registry::{Client, ClientRegistry, CredentialKind};
 use super::source::client_ip;
-use super::{Identity, IdentityResolver, Resolving, Unresolved};
 // Settings (`PROXY_POOL_AUTH_SCHEMES` and the source variables), so their
 // types live with the settings; what admission does with them is here.
 pub use crate::config::{AuthSchemes, SchemesError, SourcePolicy};
@@ -53,27 +55,6 @@ struct Loaded {
     registry: Option<Arc<ClientRegistry>>,
     at: Option<Instant>,
     refresh: Option<Duration>,
-}
-
-/// How current the client registry a [`Guard`] authenticates against is,
-/// for readiness.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RegistryState {
-    /// Always current: not needed by the enabled schemes, read from Redis on
-    /// every request, or fixed (never reloaded).
-    Current,
-    /// Never loaded: every authenticated request answers 503.
-    Missing {
-        /// Anonymous callers (scheme `none`) are still served.
-        anonymous_served: bool,
-    },
-    /// A copy read `age` ago, meant to be read again every `refresh`.
-    Loaded {
-        /// Since the copy in use was read.
-        age: Duration,
-        /// The reload period.
-        refresh: Duration,
-    },
 }
 
 impl RegistryHandle {
@@ -154,24 +135,6 @@ pub struct Guard {
     schemes: AuthSchemes,
     sources: SourcePolicy,
     registry: Directory,
-}
-
-/// Why the credentials did not authenticate a client (each a 401;
-/// `Display` is its `detail`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Unauthenticated {
-    /// None presented, and anonymous callers are not served.
-    #[error("credentials are required")]
-    Missing,
-    /// Two credentials, repeated headers, an unknown scheme, a bad encoding.
-    #[error("malformed credentials")]
-    Malformed,
-    /// A credential of a scheme that is not enabled.
-    #[error("this authentication scheme is not enabled")]
-    SchemeDisabled,
-    /// No client has this credential.
-    #[error("invalid credentials")]
-    Invalid,
 }
 
 enum Presented {

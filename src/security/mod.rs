@@ -1,92 +1,29 @@
 //! Who is calling, and may they: source address (trusted proxies), source
 //! control, authentication against the client registry, and rate limits.
 //! All of it runs before the request body is read.
+//!
+//! * `identity.rs`: the resolved caller ([`Identity`]), why none was
+//!   ([`Unresolved`]), and the [`IdentityResolver`] contract.
+//! * `source.rs`: the caller's address behind trusted proxies.
+//! * `auth.rs`: the standard resolver, [`Guard`]: source control, then
+//!   authentication against a [`Directory`].
+//! * [`registry`], [`credentials`]: the client registry document and its
+//!   credential digests; `directory.rs`: the Redis registry.
+//! * `ratelimit.rs`: the global and per-client limits ([`RateLimiter`]).
 
 mod auth;
 pub mod credentials;
 mod directory;
+mod identity;
 mod ratelimit;
 pub mod registry;
 mod source;
 
-pub use auth::{
-    AuthSchemes, Directory, Guard, RegistryHandle, RegistryState, SchemesError, SourcePolicy,
-    Unauthenticated,
-};
+pub use auth::{AuthSchemes, Directory, Guard, RegistryHandle, SchemesError, SourcePolicy};
 pub use directory::{DirectoryError, Imported, RedisRegistry};
+pub use identity::{
+    Identity, IdentityResolver, RegistryState, Resolving, Unauthenticated, Unresolved,
+};
 pub use ratelimit::{Rate, RateError, RateLimitHeaders, RateLimiter, Refusal};
 pub use registry::{ClientEntry, ClientRegistry, RegistryError};
 pub use source::{PeerAddr, UnknownSource};
-
-use std::collections::BTreeSet;
-use std::future::Future;
-use std::net::IpAddr;
-use std::pin::Pin;
-
-use lambda_http::Request;
-
-use crate::pool::PoolError;
-
-/// The resolved caller of one request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Identity {
-    /// Stable client id: a registered client's id, or `ip:<canonical address>`.
-    /// It scopes idempotency keys and names the caller in the access log.
-    pub client_id: String,
-    /// Whom the per-client rate limit charges: the client id, or for an
-    /// anonymous IPv6 caller `ip:<its network>/<prefix>`.
-    pub rate_key: String,
-    /// The caller's address after trusted-proxy resolution.
-    pub source_ip: IpAddr,
-    /// Upstreams this client may use; `None` means all.
-    pub allowed_upstreams: Option<BTreeSet<String>>,
-    /// Per-client cap on `count`, below the server's.
-    pub max_count: Option<u32>,
-    /// The client's own rate limit, if the registry sets one.
-    pub rate: Option<Rate>,
-}
-
-/// Why a caller was not resolved. `Display` of a refusal is the
-/// problem's `detail`.
-#[derive(Debug, thiserror::Error)]
-pub enum Unresolved {
-    /// The request's source address is not known (403).
-    #[error(transparent)]
-    SourceUnknown(#[from] UnknownSource),
-    /// The source address is denied, or not one the client may use (403).
-    #[error("requests from this source address are not allowed")]
-    SourceForbidden,
-    /// Authentication failed (401).
-    #[error("{why}")]
-    Unauthenticated {
-        /// What was wrong with the credentials.
-        why: Unauthenticated,
-        /// A `WWW-Authenticate` challenge per enabled scheme.
-        challenges: Vec<&'static str>,
-    },
-    /// The client registry document was never loaded (503).
-    #[error("the client registry is not loaded yet")]
-    RegistryMissing,
-    /// The client's Redis registry entry cannot be used (500).
-    #[error("client registry entry unusable")]
-    RegistryEntry(#[source] DirectoryError),
-    /// The Redis client registry could not be read.
-    #[error(transparent)]
-    Pool(PoolError),
-}
-
-/// A resolution in progress.
-pub type Resolving<'a> = Pin<Box<dyn Future<Output = Result<Identity, Unresolved>> + Send + 'a>>;
-
-/// Resolves the caller of a request from its headers and transport only
-/// (never the body).
-pub trait IdentityResolver: Send + Sync {
-    /// Resolves `request`'s caller.
-    fn resolve<'a>(&'a self, request: &'a Request) -> Resolving<'a>;
-
-    /// How current the client registry it authenticates against is
-    /// (readiness reports a missing or stale copy); by default always current.
-    fn registry_state(&self) -> RegistryState {
-        RegistryState::Current
-    }
-}

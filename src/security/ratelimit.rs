@@ -3,7 +3,7 @@
 
 use lambda_http::http::{HeaderName, HeaderValue};
 
-use super::Identity;
+use super::identity::Identity;
 // A setting (`PROXY_POOL_GLOBAL_RATE`, `PROXY_POOL_CLIENT_RATE`) and a
 // registry field (`rateLimit`), so its type lives with the settings; what
 // the limiter computes from it is here.
