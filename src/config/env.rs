@@ -263,13 +263,7 @@ fn number(
 mod tests {
     use super::*;
 
-    fn from(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let map: std::collections::HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Config::from_lookup(|k| map.get(k).cloned())
-    }
+    use crate::config::tests::from;
 
     /// An empty environment gives the documented defaults.
     #[test]

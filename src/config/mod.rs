@@ -308,10 +308,11 @@ fn without_password(urls: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn from(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    /// The configuration an environment of `pairs` gives.
+    pub(in crate::config) fn from(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let map: std::collections::HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
