@@ -35,8 +35,11 @@
 //! * [`security`] → pool, httpapi, config: who is calling and may they:
 //!   trusted proxies, source control, authentication, the client registry
 //!   (a document in memory, or one entry per client in Redis), rate limits.
-//! * [`local`] → pool: a private `redis-server` and synthetic proxies (the
-//!   demo pool, the bench's pools).
+//! * [`local`] → pool: a private `redis-server`, synthetic proxies (the demo
+//!   pool, the bench's pools) and a fault-injecting TCP relay (the drills,
+//!   the replication bench). Only with the `local` cargo feature (on by
+//!   default): the CLI, the tests and the benches need it, the Lambda is
+//!   built without it.
 //! * [`httpapi`]: request ids, RFC 9457 problems, JSON responses.
 //! * [`pool`] → clock, config: the Redis pool: key layout, Lua scripts
 //!   (`lua/`), the adapter and its connection (one server or a Redis
@@ -60,6 +63,7 @@ pub mod distribution;
 pub mod extraction;
 pub mod httpapi;
 pub mod lambda;
+#[cfg(feature = "local")]
 pub mod local;
 pub mod pool;
 pub mod scheduled;

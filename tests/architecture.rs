@@ -1,6 +1,7 @@
 //! The module graph points inward: every `crate::` path in the library's
-//! sources names a layer its module may use, as `src/lib.rs` states; and no
-//! file reaches itself through the files it names.
+//! sources names a layer its module may use, as `src/lib.rs` states; no
+//! file reaches itself through the files it names; and the Lambda is built
+//! without the `local` tools.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -807,4 +808,43 @@ fn problems_are_made_in_one_place() {
         "problems made outside src/distribution/problems.rs:\n{}",
         makers.join("\n")
     );
+}
+
+/// The `key = value` lines of one `[table]` of `Cargo.toml`, by key.
+fn manifest_table(name: &str) -> BTreeMap<String, String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let manifest = std::fs::read_to_string(path).unwrap();
+    let mut table = BTreeMap::new();
+    let mut inside = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == format!("[{name}]");
+        } else if let (true, Some((key, value))) = (inside, line.split_once('=')) {
+            table.insert(key.trim().to_owned(), value.trim().to_owned());
+        }
+    }
+    table
+}
+
+/// The test tools of `src/local/` (the relay, the private `redis-server`,
+/// the synthetic proxies) are behind the `local` feature: on by default,
+/// required by the CLI, and off in the Lambda's build, which `sam build`
+/// makes with `cargo lambda build` reading `[package.metadata.lambda.build]`
+/// (the full test run's `sam build` proves the Lambda compiles without it).
+#[test]
+fn the_lambda_is_built_without_the_local_tools() {
+    let features = manifest_table("features");
+    assert_eq!(features["default"], r#"["local"]"#);
+    assert_eq!(
+        manifest_table("package.metadata.lambda.build")["no_default_features"],
+        "true"
+    );
+    let read = |rel: &str| {
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)).unwrap()
+    };
+    assert!(read("src/lib.rs").contains("#[cfg(feature = \"local\")]\npub mod local;"));
+    // No layer may name `local` (the rule above), nor the Lambda's entrypoint.
+    let rule: BTreeMap<&str, &[&str]> = RULE.into_iter().collect();
+    assert!(rule.values().all(|deps| !deps.contains(&"local")));
+    assert!(!read("src/main.rs").contains("local::"));
 }
