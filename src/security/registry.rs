@@ -19,7 +19,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::credentials::{CredentialHash, find};
-use super::ratelimit::Rate;
+use crate::config::Rate;
 // The grammar of a CIDR setting, shared with `allowedSources`.
 pub use crate::config::parse_net;
 use crate::pool::MAX_CLIENT_CREDENTIALS;

@@ -9,7 +9,8 @@ use proxy_pool::config::Config;
 use proxy_pool::local::PoolShape;
 use proxy_pool::pool::{PoolName, RedisPool};
 
-use crate::bench::{BenchArgs, parse_size};
+use crate::bench::args::BenchArgs;
+use crate::bench::plan::parse_size;
 use crate::inventory::Dimension;
 
 /// What every command returns: an error is printed and exits 1.

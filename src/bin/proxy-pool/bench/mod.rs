@@ -61,7 +61,7 @@
 //! percentiles), [`pinger`] (the bystander's `PING`), [`report`] (cells,
 //! fills, the table) and [`progress`].
 
-mod args;
+pub mod args;
 mod caller;
 mod cell;
 mod counters;
@@ -71,7 +71,7 @@ mod fill;
 mod filters;
 mod matrix;
 mod pinger;
-mod plan;
+pub mod plan;
 mod progress;
 mod replicas;
 mod report;
@@ -85,8 +85,7 @@ use std::io::IsTerminal;
 
 use crate::cli::CliResult;
 use crate::output::say;
-pub use args::BenchArgs;
-pub use plan::parse_size;
+use args::BenchArgs;
 use progress::Progress;
 
 // What the parts share, named here so that a part writes `super::Bench`.
