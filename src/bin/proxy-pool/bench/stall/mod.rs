@@ -11,7 +11,7 @@
 //!   20 ms, through `lua/upsert.lua`, as the bench's fills do);
 //! * C extraction clients call the handler back to back, `count=1`, every
 //!   other request `allOrNothing` (the others partial);
-//! * the scheduled job's prune ([`RedisPool::prune_expired`] with
+//! * the scheduled job's prune ([`Maintenance::prune_expired`] with
 //!   [`scheduled::PRUNE_BATCH`] and [`scheduled::PRUNE_BUDGET`], what the
 //!   EventBridge schedule runs) every `prune_every` seconds, the first one
 //!   period after the stall (EventBridge runs it once a minute);
