@@ -303,10 +303,16 @@ async fn stall_timeline_runs_and_reports() {
 /// `--steady` runs extraction alone, then every writer beside it at each
 /// rate: the writers get through their items and take Redis time only
 /// while they run, the scheduled job runs, every answer is a 200, and no
-/// proxy is handed out twice.
+/// proxy is handed out twice; `--plot` draws the timeline, a line a
+/// measure over every second.
 #[tokio::test]
 async fn steady_state_runs_every_writer_and_reports() {
+    let dir = std::env::temp_dir().join(format!("steady-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("steady.svg");
     let report = bench_json(&[
+        "--plot",
+        svg.to_str().unwrap(),
         "--steady",
         "--sizes",
         "20k",
@@ -351,4 +357,35 @@ async fn steady_state_runs_every_writer_and_reports() {
     assert!(!report["jobs"].as_array().unwrap().is_empty(), "{report}");
     assert!(report["handedOut"].as_u64().unwrap() > 500, "{report}");
     assert_eq!(report["duplicates"], 0);
+
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(picture.starts_with("<svg"), "{picture:.200}");
+    for caption in [
+        "share of Redis time, %",
+        "99th percentile, ms",
+        "spent index entries not yet pruned",
+        "Redis used_memory, MB",
+        "100 alone, 100, 200",
+    ] {
+        assert!(picture.contains(caption), "{caption} missing");
+    }
+    // Six lines (extraction and writers, extraction and PING, backlog,
+    // memory), each through all eight seconds.
+    let lines: Vec<&str> = picture
+        .split("<polyline")
+        .skip(1)
+        .filter(|l| l.contains("stroke-width=\"2\""))
+        .collect();
+    assert_eq!(lines.len(), 6, "{picture:.400}");
+    for line in lines {
+        let points = line
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert_eq!(points.split_whitespace().count(), 8, "{points}");
+    }
 }

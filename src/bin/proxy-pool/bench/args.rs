@@ -165,6 +165,10 @@ pub struct BenchArgs {
     /// --steady: seconds between runs of the scheduled job (default 60; 0: none).
     #[arg(long)]
     pub job_every: Option<u64>,
+    /// --steady: also draw the timeline into this SVG file (each side's
+    /// share of Redis, extraction and PING p99, backlog, memory, by second).
+    #[arg(long, value_name = "FILE.svg", requires = "steady")]
+    pub plot: Option<std::path::PathBuf>,
     /// A smoke run: N=1k, 18 combinations, no filters, counts 1,10, C 1,8,
     /// a few hundred requests per cell.
     #[arg(long)]

@@ -98,6 +98,7 @@ use stage::{Stage, sleep_until_ms, stage};
 /// report (a table, or JSON).
 pub async fn command(args: BenchArgs) -> CliResult {
     let json = args.json;
+    let plot = args.plot.clone();
     let (plan, target) = args.into_plan()?;
     if cfg!(debug_assertions) {
         eprintln!("proxy-pool bench: this is a debug build; measure with --release");
@@ -105,6 +106,13 @@ pub async fn command(args: BenchArgs) -> CliResult {
     let progress = Progress::new(std::io::stderr().is_terminal());
     if plan.steady.is_some() {
         let report = steady::run(plan, target, progress).await?;
+        if let Some(path) = &plot {
+            steady::draw(&report, path)?;
+            eprintln!(
+                "proxy-pool bench: the timeline is drawn in {}",
+                path.display()
+            );
+        }
         if json {
             say!("{}", serde_json::to_string_pretty(&report)?);
         } else {

@@ -32,6 +32,7 @@
 //! writes), [`summary`] (the figures and tables).
 
 mod clients;
+mod plot;
 mod summary;
 mod writers;
 
@@ -51,6 +52,7 @@ use super::report::human;
 use super::{Bench, BenchError, Stage, Target, bench_config, sleep_until_ms, stage};
 
 use clients::{Sample, spawn_clients};
+pub use plot::draw;
 use summary::{JobRun, Shares, SteadyReport, SteadySecond, summarise};
 use writers::{Done, controller, health_checker, job, workers};
 
