@@ -92,7 +92,7 @@ use progress::Progress;
 use counters::SlowlogConfig;
 use error::BenchError;
 use rig::{Bench, Target, Variant, bench_config};
-use stage::{Stage, sleep_until_ms, stage};
+use stage::{Stage, bystander, sleep_until_ms, stage, wind_down};
 
 /// `bench`: checks the arguments, runs the plan they describe, prints the
 /// report (a table, or JSON).

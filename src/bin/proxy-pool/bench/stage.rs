@@ -1,10 +1,13 @@
 //! What a timeline (`--stall`, `--steady`) runs on, and its clock.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use proxy_pool::local::{PoolShape, RedisServer};
+use tokio::task::JoinSet;
 
 use super::error::BenchError;
+use super::pinger::Pinger;
 use super::plan::Plan;
 use super::progress::Progress;
 use super::rig::{Bench, Target};
@@ -66,4 +69,29 @@ pub(super) async fn sleep_until_ms(ms: i64) {
     if wait > 0 {
         tokio::time::sleep(Duration::from_millis(wait as u64)).await;
     }
+}
+
+/// The bystander's `PING` reader of a timeline's bench (a stage always
+/// starts one).
+pub(super) fn bystander(bench: &Bench) -> Result<&Pinger, BenchError> {
+    bench
+        .pinger
+        .as_ref()
+        .ok_or_else(|| BenchError::Failed("no pinger".into()))
+}
+
+/// Ends a timeline: tells its tasks to stop, waits for each (the first
+/// failure is the run's), then stops the `PING` reading and the progress.
+pub(super) async fn wind_down(
+    bench: &Bench,
+    stop: &AtomicBool,
+    tasks: &mut JoinSet<Result<(), BenchError>>,
+) -> Result<(), BenchError> {
+    stop.store(true, Ordering::Relaxed);
+    while let Some(joined) = tasks.join_next().await {
+        joined.map_err(|e| BenchError::Failed(e.to_string()))??;
+    }
+    bystander(bench)?.record(false);
+    bench.progress.finish();
+    Ok(())
 }

@@ -46,7 +46,9 @@ use super::report::human;
 pub use timeline::Timeline;
 use timeline::{PruneRun, Second};
 
-use super::{Bench, BenchError, SlowlogConfig, Stage, Target, sleep_until_ms, stage};
+use super::{
+    Bench, BenchError, SlowlogConfig, Stage, Target, bystander, sleep_until_ms, stage, wind_down,
+};
 use proxy_pool::pool::Maintenance;
 
 /// The policy's maxHealthCheckAge in the bench's configuration (see
@@ -125,10 +127,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
     );
     let end_ms = stall_ms + (stall.seconds as i64) * 1000;
     let bench = Arc::new(bench);
-    let pinger = bench
-        .pinger
-        .as_ref()
-        .ok_or_else(|| BenchError::Failed("no pinger".into()))?;
+    let pinger = bystander(&bench)?;
     let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
     let added = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -177,12 +176,7 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
         bench.progress.inc(1);
         t += 1;
     }
-    stop.store(true, Ordering::Relaxed);
-    while let Some(joined) = tasks.join_next().await {
-        joined.map_err(|e| BenchError::Failed(e.to_string()))??;
-    }
-    pinger.record(false);
-    bench.progress.finish();
+    wind_down(&bench, &stop, &mut tasks).await?;
 
     // Each answer and prune run into its second.
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));

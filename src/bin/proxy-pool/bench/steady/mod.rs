@@ -49,7 +49,9 @@ use super::figures::{info_field, percentile};
 use super::plan::Plan;
 use super::progress::Progress;
 use super::report::human;
-use super::{Bench, BenchError, Stage, Target, bench_config, sleep_until_ms, stage};
+use super::{
+    Bench, BenchError, Stage, Target, bench_config, bystander, sleep_until_ms, stage, wind_down,
+};
 
 use clients::{Sample, spawn_clients};
 pub use plot::draw;
@@ -103,10 +105,7 @@ pub async fn run(
         ),
     );
     let bench = Arc::new(bench);
-    let pinger = bench
-        .pinger
-        .as_ref()
-        .ok_or_else(|| BenchError::Failed("no pinger".into()))?;
+    let pinger = bystander(&bench)?;
     let start_ms = now_ms();
     let writers_from_ms = start_ms + steady.quiet_seconds as i64 * 1000;
     let end_ms = start_ms + total as i64 * 1000;
@@ -223,12 +222,7 @@ pub async fn run(
         before = now;
         bench.progress.inc(1);
     }
-    stop.store(true, Ordering::Relaxed);
-    while let Some(joined) = tasks.join_next().await {
-        joined.map_err(|e| BenchError::Failed(e.to_string()))??;
-    }
-    pinger.record(false);
-    bench.progress.finish();
+    wind_down(&bench, &stop, &mut tasks).await?;
 
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
     let mut latencies: Vec<Vec<u64>> = vec![Vec::new(); seconds.len()];
