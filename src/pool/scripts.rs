@@ -121,12 +121,19 @@ const SOURCES: [Source; 10] = [
 ];
 
 impl Source {
-    /// The shebang line and the body after it, its parts joined in front.
-    fn split(&self) -> (&'static str, String) {
-        let (shebang, body) = self.code.split_once('\n').unwrap_or((self.code, ""));
+    /// Its first line, the `#!lua` shebang (with its flags).
+    fn shebang(&self) -> &'static str {
+        self.code
+            .split_once('\n')
+            .map_or(self.code, |(shebang, _)| shebang)
+    }
+
+    /// The code after the shebang, its parts joined in front.
+    fn body(&self) -> String {
+        let rest = self.code.split_once('\n').map_or("", |(_, rest)| rest);
         let mut joined: String = self.parts.iter().map(|part| format!("{part}\n")).collect();
-        joined.push_str(body);
-        (shebang, joined)
+        joined.push_str(rest);
+        joined
     }
 
     /// The code `EVALSHA` runs: a pool script gets the prelude joined in
@@ -136,7 +143,7 @@ impl Source {
         if !self.pool {
             return self.code.to_owned();
         }
-        let (shebang, body) = self.split();
+        let (shebang, body) = (self.shebang(), self.body());
         format!(
             "{shebang}\n{}\n{body}\nreturn {}(KEYS, ARGV)\n",
             prelude(),
@@ -146,8 +153,7 @@ impl Source {
 
     /// Its shebang flags as `register_function` takes them.
     fn flags(&self) -> &'static str {
-        let (shebang, _) = self.split();
-        if shebang.contains("flags=no-writes") {
+        if self.shebang().contains("flags=no-writes") {
             "{'no-writes'}"
         } else {
             "{}"
@@ -194,7 +200,7 @@ impl Library {
         let mut body = prelude();
         body.push_str("\nlocal MAIN = {}\n");
         for source in sources {
-            let (_, code) = source.split();
+            let code = source.body();
             let name = source.name;
             if source.pool {
                 // Its phases and main in a block: their names are its own.
