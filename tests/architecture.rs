@@ -49,37 +49,18 @@ const RULE: [(&str, &[&str]); 15] = [
     ("telemetry", &[]),
 ];
 
-/// The library's source files (not `src/bin/`), as paths relative to
-/// `src/`.
-fn library_files() -> Vec<String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let rel = path
-                .strip_prefix(&src)
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            if path.is_dir() {
-                if rel != "bin" {
-                    stack.push(path);
-                }
-            } else if rel.ends_with(".rs") {
-                files.push(rel);
-            }
-        }
-    }
-    files
+/// The library's source files (not `src/bin/`), by their paths relative
+/// to `src/`, with their text.
+fn library_sources() -> impl Iterator<Item = (String, String)> {
+    sources()
+        .into_iter()
+        .filter(|(rel, _)| !rel.starts_with("bin/"))
 }
 
 /// `crate::<layer>` edges of every library source file, by the file's layer.
 fn edges() -> BTreeMap<String, BTreeSet<(String, String)>> {
     let mut out: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    for rel in library_files() {
+    for (rel, text) in library_sources() {
         if rel == "lib.rs" || rel == "main.rs" {
             continue;
         }
@@ -89,7 +70,6 @@ fn edges() -> BTreeMap<String, BTreeSet<(String, String)>> {
             .unwrap()
             .trim_end_matches(".rs")
             .to_owned();
-        let text = std::fs::read_to_string(src.join(&rel)).unwrap();
         for (at, _) in text.match_indices("crate::") {
             let name: String = text[at + "crate::".len()..]
                 .chars()
@@ -238,13 +218,10 @@ fn a_circle_is_caught() {
 #[test]
 fn problems_are_made_in_one_place() {
     let mut makers = Vec::new();
-    for rel in library_files() {
+    for (rel, text) in library_sources() {
         if rel.starts_with("httpapi/") || rel == "distribution/problems.rs" {
             continue;
         }
-        let text =
-            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(&rel))
-                .unwrap();
         for (n, line) in text.lines().enumerate() {
             if line.contains("Problem::") || line.contains("Problem {") {
                 makers.push(format!("src/{rel}:{}: {}", n + 1, line.trim()));
