@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::topology::{
-    calls_on, cluster_pool, connect, info, ready, start_cluster, tag_owner_port,
+    calls_on, cluster_pool, connect, info, loaded_pool, ready, start_cluster, tag_owner_port,
 };
 use common::{app_over, certificates, extract_as, proxies, proxy, test_config};
 use proxy_pool::distribution::App;
@@ -117,8 +117,8 @@ async fn works_on_a_redis_cluster() {
 }
 
 /// A pool named `name` over `url` (cluster mode or not), its handler,
-/// and `n` proxies named `prefix` loaded; client rate limits on (high
-/// enough never to refuse), so their keys exist too.
+/// and `n` proxies named `prefix` loaded; client rate limits on (a burst
+/// these tests never spend), so their keys exist too.
 async fn named_pool(
     url: &str,
     cluster: bool,
@@ -136,13 +136,8 @@ async fn named_pool(
         per_second: 0.01,
         burst: 100,
     });
-    let pool = RedisPool::with_options(url, &config.redis_options()).unwrap();
+    let (pool, app) = loaded_pool(url, &config, prefix, n).await;
     assert_eq!(pool.keys(), &PoolKeys::new(&config.pool_name));
-    let app = app_over(&config, pool.clone());
-    PoolContract::new(&pool)
-        .upsert(&proxies(prefix, n))
-        .await
-        .unwrap();
     (pool, app)
 }
 

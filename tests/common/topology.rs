@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use proxy_pool::config::Config;
 use proxy_pool::distribution::App;
 use proxy_pool::local::RedisServer;
 use proxy_pool::pool::{PoolContract, RedisPool, keys};
@@ -59,20 +60,7 @@ pub async fn ready(app: &App) -> Reply {
 pub async fn start_cluster() -> Vec<RedisServer> {
     let mut nodes = Vec::new();
     for _ in 0..3 {
-        let bus = proxy_pool::local::free_port().unwrap().to_string();
-        let node = RedisServer::start_with(&[
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-port",
-            &bus,
-            "--cluster-node-timeout",
-            "5000",
-        ])
-        .await
-        .expect("redis-server must be installed for the tests (apt-get install -y redis-server)");
-        nodes.push(node);
+        nodes.push(cluster_node().await);
     }
     let mut create = tokio::process::Command::new("redis-cli");
     create.arg("--cluster").arg("create");
@@ -157,8 +145,19 @@ pub async fn cluster_pool(
     let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
     let mut config = test_config();
     config.redis_cluster = true;
-    let pool = RedisPool::with_options(&urls.join(","), &config.redis_options()).unwrap();
-    let app = app_over(&config, pool.clone());
+    loaded_pool(&urls.join(","), &config, prefix, n).await
+}
+
+/// A pool over `url` under `config`, its handler, and `n` proxies named
+/// `prefix` loaded.
+pub async fn loaded_pool(
+    url: &str,
+    config: &Config,
+    prefix: &str,
+    n: usize,
+) -> (RedisPool, std::sync::Arc<App>) {
+    let pool = RedisPool::with_options(url, &config.redis_options()).unwrap();
+    let app = app_over(config, pool.clone());
     PoolContract::new(&pool)
         .upsert(&proxies(prefix, n))
         .await
