@@ -2,6 +2,7 @@
 //! describe once they are checked against each other.
 
 use clap::Args;
+use proxy_pool::aggregates::DatabaseUrl;
 use proxy_pool::local::PoolShape;
 
 use super::filters::FilterSet;
@@ -165,6 +166,12 @@ pub struct BenchArgs {
     /// --steady: seconds between runs of the scheduled job (default 60; 0: none).
     #[arg(long)]
     pub job_every: Option<u64>,
+    /// --steady: the scheduled job also flushes the usage counters to this
+    /// PostgreSQL database (as a deployment with
+    /// PROXY_POOL_AGGREGATES_DATABASE_URL does); a run that crosses an
+    /// hour's end moves that hour.
+    #[arg(long, value_name = "postgres://...", requires = "steady")]
+    pub aggregates_url: Option<String>,
     /// --steady: also draw the timeline into this SVG file (each side's
     /// share of Redis, extraction and PING p99, backlog, memory, by second).
     #[arg(long, value_name = "FILE.svg", requires = "steady")]
@@ -305,6 +312,10 @@ impl BenchArgs {
             steady.worker_cycles_per_sec =
                 args.worker_cycles.unwrap_or(steady.worker_cycles_per_sec);
             steady.job_every = args.job_every.unwrap_or(steady.job_every);
+            if let Some(url) = &args.aggregates_url {
+                steady.aggregates =
+                    Some(DatabaseUrl::parse(url).map_err(|e| format!("--aggregates-url: {e}"))?);
+            }
             if let Some(&c) = args_concurrency.first() {
                 steady.clients = c;
             }

@@ -1,6 +1,7 @@
 //! What to measure: the matrix of pool sizes, shapes, filter sets, counts,
 //! concurrency and replication settings, and how a pool size is written.
 
+use proxy_pool::aggregates::DatabaseUrl;
 use proxy_pool::local::PoolShape;
 use serde::Serialize;
 
@@ -155,6 +156,10 @@ pub struct SteadyPlan {
     pub clients: usize,
     /// Proxies per request, request k asking `counts[k % len]`.
     pub counts: Vec<u32>,
+    /// The aggregates database the scheduled job flushes usage to (none:
+    /// no flush). Never serialised: it may carry a password.
+    #[serde(skip)]
+    pub aggregates: Option<DatabaseUrl>,
 }
 
 impl SteadyPlan {
@@ -177,6 +182,7 @@ impl SteadyPlan {
             job_every: 60,
             clients: 16,
             counts: vec![1, 1, 1, 1, 1, 1, 1, 10, 10, 10],
+            aggregates: None,
         }
     }
 }

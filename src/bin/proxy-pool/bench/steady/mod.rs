@@ -10,7 +10,8 @@
 //!   120 a second, 64 a call as `proxy-pool health -` sends them), a share
 //!   of them failed, so entries leave the index and come back;
 //! * Gateway Workers claiming, draining, acknowledging and releasing;
-//! * the scheduled invocation ([`scheduled::run`]: prune, inventory) every
+//! * the scheduled invocation ([`scheduled::run`]: prune, inventory, and
+//!   the usage flush when an aggregates database is given) every
 //!   `job_every` seconds;
 //! * extraction clients at the step's rate (paced), count=1 and count=10,
 //!   unfiltered, the seed's example, one region, one region and carrier
@@ -41,6 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use proxy_pool::aggregates::{Aggregates, DatabaseSource};
 use proxy_pool::clock::now_ms;
 use proxy_pool::pool::{RedisOptions, RedisPool};
 use tokio::task::JoinSet;
@@ -174,8 +176,15 @@ pub async fn run(
         done.clone(),
         stop.clone(),
     ));
+    let aggregates = steady.aggregates.clone().map(|url| {
+        Aggregates::new(
+            DatabaseSource::Url(url),
+            proxy_pool::config::Config::default().aggregates_options(),
+        )
+    });
     tasks.spawn(job(
         writer_pool()?,
+        aggregates,
         steady.job_every,
         start_ms,
         writers_from_ms,

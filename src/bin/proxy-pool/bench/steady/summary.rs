@@ -124,12 +124,30 @@ pub struct Step {
 pub struct JobRun {
     /// Seconds from the start of the quiet phase.
     pub started_at: f64,
-    /// Its wall time, seconds.
+    /// The health check's wall time (prune, inventory), seconds.
     pub seconds: f64,
-    /// Spent index entries and records the prune removed.
-    pub pruned: u64,
+    /// Expired records and tombstones the prune deleted.
+    pub records: u64,
+    /// Spent index entries the prune drained.
+    pub index_entries: u64,
     /// The prune finished within its budget.
     pub complete: bool,
+    /// The usage flush after it, when an aggregates database is given.
+    pub flush: Option<FlushRun>,
+}
+
+/// One usage flush of the scheduled job.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FlushRun {
+    /// Its wall time, seconds.
+    pub seconds: f64,
+    /// Closed hours it moved to PostgreSQL.
+    pub hours: u32,
+    /// Calls counted in them.
+    pub calls: u64,
+    /// Why it stopped early, if it did.
+    pub error: Option<String>,
 }
 
 /// The outcome of `bench --steady`.
@@ -287,12 +305,26 @@ impl SteadyReport {
             self.headroom, self.handed_out, self.duplicates
         );
         for j in &self.jobs {
+            let flush = match &j.flush {
+                Some(f) => format!(
+                    "; usage flush {:.2} s, {} hours ({} calls) moved{}",
+                    f.seconds,
+                    f.hours,
+                    f.calls,
+                    f.error
+                        .as_deref()
+                        .map(|e| format!(", stopped: {e}"))
+                        .unwrap_or_default()
+                ),
+                None => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "scheduled job at t={:.1} s: {:.2} s, {} entries and records pruned{}",
+                "scheduled job at t={:.1} s: {:.2} s, pruned {} expired records and tombstones and {} spent index entries{}{flush}",
                 j.started_at,
                 j.seconds,
-                j.pruned,
+                j.records,
+                j.index_entries,
                 if j.complete {
                     ""
                 } else {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use proxy_pool::aggregates::Aggregates;
 use proxy_pool::clock::now_ms;
 use proxy_pool::local::{PoolShape, synthetic_id, synthetic_proxy};
 use proxy_pool::pool::{CONTRACT_BATCH, ContractOp, PoolContract, RedisPool, Verdict};
@@ -13,7 +14,7 @@ use proxy_pool::scheduled;
 
 use crate::bench::{BenchError, sleep_until_ms};
 
-use super::summary::JobRun;
+use super::summary::{FlushRun, JobRun};
 
 /// Writers act ten times a second.
 const TICK: Duration = Duration::from_millis(100);
@@ -204,9 +205,13 @@ pub(super) async fn workers(
     Ok(())
 }
 
-/// The scheduled invocation every `every` seconds once the writers run.
+/// The scheduled invocation every `every` seconds once the writers run:
+/// the health check, then the usage flush when `aggregates` is given (timed
+/// apart, as [`scheduled::run`] runs them one after the other).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn job(
     pool: RedisPool,
+    aggregates: Option<Aggregates>,
     every: u64,
     start_ms: i64,
     from_ms: i64,
@@ -226,11 +231,27 @@ pub(super) async fn job(
         let began = Instant::now();
         let started_at = (now_ms() - start_ms) as f64 / 1000.0;
         let report = scheduled::run(&pool, None).await?;
+        let seconds = began.elapsed().as_secs_f64();
+        let flush = match &aggregates {
+            Some(a) => {
+                let began = Instant::now();
+                let report = a.flush(&pool).await;
+                Some(FlushRun {
+                    seconds: began.elapsed().as_secs_f64(),
+                    hours: report.hours_flushed,
+                    calls: report.calls_flushed,
+                    error: report.error,
+                })
+            }
+            None => None,
+        };
         jobs.lock().unwrap_or_else(|e| e.into_inner()).push(JobRun {
             started_at,
-            seconds: began.elapsed().as_secs_f64(),
-            pruned: report.pruned.index_entries + report.pruned.records,
+            seconds,
+            records: report.pruned.records,
+            index_entries: report.pruned.index_entries,
             complete: report.pruned.complete,
+            flush,
         });
         at += every as i64 * 1000;
     }
