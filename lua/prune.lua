@@ -5,7 +5,11 @@
 --
 -- KEYS[1..7]: the pool keys (prelude/base.lua)
 -- ARGV[1]: the caller's pool policy "<maxHealthCheckAge ms>|<minRemainingTTL ms>"
--- ARGV[2]: batch, the most entries each sweep below examines (1..1000)
+-- ARGV[2]: batch, the most entries sweeps 1 and 3 examine (1..1000); sweep 2
+--         examines up to ENDED_PER_BATCH times as many (at most 1000): an
+--         ended record or tombstone costs a few commands, no index change,
+--         so a steady pool's tombstones are deleted as fast as they expire
+
 -- Returns: {records, index, idempotency, more}
 --   records      records and tombstones deleted (their expiry passed)
 --   index        spent entries taken out of the index (their deadline
@@ -24,6 +28,8 @@
 --      has (refreshed meanwhile) only goes itself
 --   3. idemx up to now: idempotency records out of force
 -- Every read and decision happens before the first write.
+
+local ENDED_PER_BATCH = 4
 
 local function prune(keys, argv)
   bind_keys(keys)
@@ -51,8 +57,9 @@ local function prune(keys, argv)
   end
 
   -- 2. Records and tombstones past their expiry.
-  local past = call('ZRANGEBYSCORE', K.due, '10000000000000', '1' .. NOW13, 'LIMIT', 0, batch)
-  if #past == batch then more = 1 end
+  local ended_max = min(batch * ENDED_PER_BATCH, 1000)
+  local past = call('ZRANGEBYSCORE', K.due, '10000000000000', '1' .. NOW13, 'LIMIT', 0, ended_max)
+  if #past == ended_max then more = 1 end
   for i = 1, #past do ended[#ended + 1] = past[i] end
   local records, held = 0, 0
   if #ended > 0 then

@@ -122,6 +122,51 @@ async fn prune_removes_only_what_has_expired() {
     assert_eq!(r.ids().len(), 5, "every live proxy is still eligible");
 }
 
+/// Records and tombstones past their expiry, out of the index (a few
+/// commands each, no index change), go four times as fast as spent index
+/// entries: a call ends up to four batches of them, so a steady pool's
+/// tombstones are deleted as fast as they expire.
+#[tokio::test]
+async fn ended_records_go_four_batches_a_call() {
+    let h = Harness::start().await;
+    let now = now_ms();
+    h.load(&proxies("live", 2)).await;
+    let ended = Planted {
+        record: true,
+        index: false,
+        expiry: true,
+    };
+    for i in 0..45 {
+        plant_in(
+            &h,
+            &format!("ended-{i:02}"),
+            "shanghai",
+            now - 100_000 + i * 1_000,
+            ended,
+        )
+        .await;
+    }
+    let first = Maintenance::new(&h.pool)
+        .prune_expired(10, 1, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            first.batches,
+            first.records,
+            first.index_entries,
+            first.complete
+        ),
+        (1, 40, 0, false)
+    );
+    let rest = Maintenance::new(&h.pool)
+        .prune_expired(10, 10, None)
+        .await
+        .unwrap();
+    assert_eq!((rest.records, rest.complete), (5, true));
+    assert_eq!(hgetall(&h, keys::RECORDS).await.len(), 2);
+}
+
 /// One run does at most `max_batches` calls of `batch` entries and says when
 /// it stopped early; the next run finishes the job.
 #[tokio::test]

@@ -105,7 +105,8 @@ impl Maintenance {
     /// Removes proxies whose TTL life is over, and index entries past their
     /// deadline (expired, past their margin or minRemainingTTL, or with a
     /// health check older than the pool policy allows), `batch` entries per
-    /// sweep per script call (clamped to 1..=[`MAX_PRUNE_BATCH`]), until
+    /// sweep per script call (clamped to 1..=[`MAX_PRUNE_BATCH`]; ended
+    /// records and tombstones four times as many, at most 1,000), until
     /// done, `max_batches` calls or (if given) `budget` of wall time, so one
     /// run stays bounded however much is due. Nothing waits for it: counts
     /// and walks leave spent entries out.

@@ -90,7 +90,7 @@ pub(super) fn spawn_clients(
                 let latency_us = began.elapsed().as_micros() as u64;
                 let status = answer.as_ref().map_or(0, |(s, _)| s.as_u16());
                 let got = match answer.filter(|(s, _)| s.is_success()) {
-                    Some((_, text)) => proxy_ids(&text),
+                    Some((_, text)) => proxy_lives(&text),
                     None => Vec::new(),
                 };
                 owed.fetch_add(got.len() as u64, Ordering::Relaxed);
@@ -112,14 +112,22 @@ pub(super) fn spawn_clients(
     }
 }
 
-/// The ids of the proxies a 200 answer handed out.
-fn proxy_ids(body: &str) -> Vec<String> {
+/// The lives a 200 answer handed out, each `<id> <expiresAt>`: an id may
+/// come back once the life it was handed out in is over (its tombstone
+/// expired, the Controller adds it again with a new expiry), a life never.
+fn proxy_lives(body: &str) -> Vec<String> {
     let value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
     value["proxies"]
         .as_array()
         .map(|ps| {
             ps.iter()
-                .filter_map(|p| p["id"].as_str().map(str::to_owned))
+                .filter_map(|p| {
+                    Some(format!(
+                        "{} {}",
+                        p["id"].as_str()?,
+                        p["expiresAt"].as_str()?
+                    ))
+                })
                 .collect()
         })
         .unwrap_or_default()

@@ -26,8 +26,10 @@
 //! more than `FCALL`, so the writers' share is an upper bound.) Each
 //! writer's own share is its items a second times its cost a proxy, which
 //! the cells' fill measures alone (bench/writers.rs, docs/performance.md). Every
-//! proxy handed out is checked against all the others: none may come
-//! twice.
+//! proxy handed out is checked against all the others: no life of a
+//! proxy (its id and expiry) may come twice; an id may come back in a
+//! later life, once the tombstone of the one it was handed out in has
+//! expired and the Controller has added it anew.
 //!
 //! The parts: [`clients`] (extraction), [`writers`] (everything else that
 //! writes), [`summary`] (the figures and tables).
@@ -266,6 +268,10 @@ pub async fn run(
         .unwrap_or(0);
     let handed = std::mem::take(&mut *handed.lock().unwrap_or_else(|e| e.into_inner()));
     let unique: HashSet<&String> = handed.iter().collect();
+    let ids: HashSet<&str> = unique
+        .iter()
+        .map(|life| life.split(' ').next().unwrap_or(life))
+        .collect();
     let report = SteadyReport {
         plan,
         redis_version,
@@ -278,6 +284,7 @@ pub async fn run(
         headroom,
         handed_out: handed.len() as u64,
         duplicates: (handed.len() - unique.len()) as u64,
+        later_lives: (unique.len() - ids.len()) as u64,
     };
     bench.flush().await?;
     drop(bench);

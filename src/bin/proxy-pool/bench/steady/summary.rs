@@ -173,10 +173,14 @@ pub struct SteadyReport {
     /// The highest rate whose step kept every writer up, answered 95% of
     /// its calls and kept p99 within 2x of the quiet phase's (0: none).
     pub headroom: u64,
-    /// Proxies handed out, and how many of them more than once (must be 0).
+    /// Proxies handed out.
     pub handed_out: u64,
-    /// Handed out twice or more.
+    /// Of them, a life of a proxy (id and expiry) handed out before: must
+    /// be 0.
     pub duplicates: u64,
+    /// Of them, an id handed out before in an earlier life (its tombstone
+    /// expired and the Controller added it again): allowed.
+    pub later_lives: u64,
 }
 
 /// The quiet phase and each step, from the seconds (each step's first
@@ -301,8 +305,8 @@ impl SteadyReport {
         }
         let _ = writeln!(
             out,
-            "headroom: {} extractions/s (the highest rate whose step kept every writer up, answered 95% of its calls, had no 503 and kept p99 within 2x of the quiet phase's); {} proxies handed out, {} of them more than once",
-            self.headroom, self.handed_out, self.duplicates
+            "headroom: {} extractions/s (the highest rate whose step kept every writer up, answered 95% of its calls, had no 503 and kept p99 within 2x of the quiet phase's); {} proxies handed out, {} of them in a life (id and expiry) handed out before, {} an id again in a later life (its tombstone expired, the Controller added it anew)",
+            self.headroom, self.handed_out, self.duplicates, self.later_lives
         );
         for j in &self.jobs {
             let flush = match &j.flush {
