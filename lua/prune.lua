@@ -6,10 +6,10 @@
 -- KEYS[1..7]: the pool keys (prelude/base.lua)
 -- ARGV[1]: the caller's pool policy "<maxHealthCheckAge ms>|<minRemainingTTL ms>"
 -- ARGV[2]: batch, the most entries sweeps 1 and 3 examine (1..1000); sweep 2
---         examines up to ENDED_PER_BATCH times as many (at most 1000): an
---         ended record or tombstone costs a few commands, no index change,
---         so a steady pool's tombstones are deleted as fast as they expire
-
+--         examines up to ENDED_PER_BATCH times as many (at most BATCH_MAX):
+--         an ended record or tombstone costs a few commands, no index
+--         change, so a steady pool's tombstones are deleted as fast as they
+--         expire
 -- Returns: {records, index, idempotency, more}
 --   records      records and tombstones deleted (their expiry passed)
 --   index        spent entries taken out of the index (their deadline
@@ -29,6 +29,8 @@
 --   3. idemx up to now: idempotency records out of force
 -- Every read and decision happens before the first write.
 
+-- The largest batch a call takes, and the multiple of it sweep 2 examines.
+local BATCH_MAX = 1000
 local ENDED_PER_BATCH = 4
 
 local function prune(keys, argv)
@@ -36,7 +38,7 @@ local function prune(keys, argv)
   clock()
   read_policy(argv[1])
   local batch = tonumber(argv[2])
-  if not is_int(batch, 1, 1000) then error({err = 'ERR bad prune arguments'}) end
+  if not is_int(batch, 1, BATCH_MAX) then error({err = 'ERR bad prune arguments'}) end
   local w, ix = new_writes(), new_changes()
   local more = 0
 
@@ -57,7 +59,7 @@ local function prune(keys, argv)
   end
 
   -- 2. Records and tombstones past their expiry.
-  local ended_max = min(batch * ENDED_PER_BATCH, 1000)
+  local ended_max = min(batch * ENDED_PER_BATCH, BATCH_MAX)
   local past = call('ZRANGEBYSCORE', K.due, '10000000000000', '1' .. NOW13, 'LIMIT', 0, ended_max)
   if #past == ended_max then more = 1 end
   for i = 1, #past do ended[#ended + 1] = past[i] end

@@ -95,9 +95,10 @@ pub async fn run(
 
     // Each writer on a pool of its own (its own connection), as the
     // separate programs they are.
+    let config = bench_config(&plan, &url)?;
     let options = RedisOptions {
         functions: false,
-        ..bench_config(&plan, &url)?.redis_options()
+        ..config.redis_options()
     };
     let writer_pool = || RedisPool::with_options(&url, &options);
     let total: u64 = steady.quiet_seconds + steady.step_seconds * steady.rates.len() as u64;
@@ -178,12 +179,10 @@ pub async fn run(
         done.clone(),
         stop.clone(),
     ));
-    let aggregates = steady.aggregates.clone().map(|url| {
-        Aggregates::new(
-            DatabaseSource::Url(url),
-            proxy_pool::config::Config::default().aggregates_options(),
-        )
-    });
+    let aggregates = steady
+        .aggregates
+        .clone()
+        .map(|url| Aggregates::new(DatabaseSource::Url(url), config.aggregates_options()));
     tasks.spawn(job(
         writer_pool()?,
         aggregates,
