@@ -47,7 +47,9 @@
 --            region, carrier, upstream (with or without protocol) -> its
 --            ranges, one per (protocol, value) named: exact, nothing skipped;
 --            two or more -> the grouping whose named ranges hold the fewest
---            combinations, other dimensions checked on each head
+--            combinations, other dimensions checked on each head; for
+--            count=1 without a reserve, a few named ranges are first probed
+--            unread (quick: planned again if the walk must answer)
 --   count    only with a reserve: the eligible proxies the filters match,
 --            exactly: counters of what is indexed (several dimensions: the
 --            enumerated combinations', or by inclusion and exclusion), less
@@ -76,7 +78,7 @@ local function extract(keys, argv)
     if answered[1] == 'replay' then count_usage(X, 'replay') end
     return answered
   end
-  plan(X)
+  plan(X, X.count == 1 and X.reserve == 0)
   local w, ix = new_writes(), new_changes()
   X.target = X.count
   if X.reserve > 0 and not X.nothing then
@@ -107,6 +109,7 @@ local function extract(keys, argv)
       return taken
     end
   end
+  if X.quick then plan(X) end
   walk(X)
   if X.restart then
     -- The walk skipped more heads than the named combinations number: it

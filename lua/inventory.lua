@@ -27,6 +27,7 @@
 -- window from ax: O(log N) per combination, never the pool's size.
 
 local SPENT_READ = 10000
+local SPENT_READ_LIMIT = '10001'   -- SPENT_READ + 1, as a command argument
 local COMBINATION = '^[hs][^|]*|[^|]*|[^|]*|[^|]*$'
 
 local function inventory(keys, argv)
@@ -40,7 +41,7 @@ local function inventory(keys, argv)
   local meta = call('HGET', K.cnt, 'meta')
   if meta then check_meta(meta) end
   local t13, until13 = pad13(NOW + M1), pad13(min(NOW + window, MAX_MS))
-  local spent = call('ZRANGEBYSCORE', K.due, '-inf', NOW13, 'LIMIT', 0, SPENT_READ + 1)
+  local spent = call('ZRANGEBYSCORE', K.due, '-inf', NOW13, 'LIMIT', '0', SPENT_READ_LIMIT)
   local spent_in = {}
   for i = 1, min(#spent, SPENT_READ) do
     local p, r, c, u = split_locator(spent[i])

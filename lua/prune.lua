@@ -43,7 +43,7 @@ local function prune(keys, argv)
   local more = 0
 
   -- 1. Spent index entries; those past their expiry too are ended (2.).
-  local spent = call('ZRANGEBYSCORE', K.due, '-inf', NOW13, 'LIMIT', 0, batch)
+  local spent = call('ZRANGEBYSCORE', K.due, '-inf', NOW13, 'LIMIT', '0', batch)
   if #spent == batch then more = 1 end
   local ended = {}
   for i = 1, #spent do
@@ -60,7 +60,7 @@ local function prune(keys, argv)
 
   -- 2. Records and tombstones past their expiry.
   local ended_max = min(batch * ENDED_PER_BATCH, BATCH_MAX)
-  local past = call('ZRANGEBYSCORE', K.due, '10000000000000', '1' .. NOW13, 'LIMIT', 0, ended_max)
+  local past = call('ZRANGEBYSCORE', K.due, '10000000000000', '1' .. NOW13, 'LIMIT', '0', ended_max)
   if #past == ended_max then more = 1 end
   for i = 1, #past do ended[#ended + 1] = past[i] end
   local records, held = 0, 0
@@ -81,7 +81,7 @@ local function prune(keys, argv)
   end
 
   -- 3. Idempotency records out of force.
-  local idem = call('ZRANGEBYSCORE', K.idemx, '-inf', NOW13, 'LIMIT', 0, batch)
+  local idem = call('ZRANGEBYSCORE', K.idemx, '-inf', NOW13, 'LIMIT', '0', batch)
   if #idem == batch then more = 1 end
 
   expect_zset(K.ax)

@@ -117,7 +117,16 @@ local function uncovered(X, protocols, dims)
   return kept
 end
 
-local function plan(X)
+-- At most this many ranges are probed unread by a `quick` plan.
+local QUICK_RANGES = 3
+
+-- `quick`: the plan of a count=1 request without a reserve, whose first
+-- try (take_first) needs only the ranges: with one dimension naming at most
+-- QUICK_RANGES (protocol, value) pairs they are probed as named, the
+-- counters unread (X.quick); the call plans again (not quick) if the walk
+-- must answer.
+local function plan(X, quick)
+  X.quick = nil
   local f = X.f
   for i = 1, 4 do
     if f[i] and #f[i].list == 0 then X.nothing = true; return end
@@ -141,6 +150,20 @@ local function plan(X)
     end
   end
   if #dims == 0 then dims[1] = {letter = 'P'} end
+  if quick and #dims == 1 and #protocols * (dims[1].values and #dims[1].values or 1) <= QUICK_RANGES then
+    -- count=1 without a reserve (take_first): its few ranges, unread.
+    local d, ranges = dims[1], {}
+    for i = 1, #protocols do
+      if d.values then
+        local head = d.letter .. '|' .. protocols[i] .. '|'
+        for j = 1, #d.values do ranges[#ranges + 1] = head .. d.values[j] .. '|' end
+      else
+        ranges[i] = 'P|' .. protocols[i] .. '|'
+      end
+    end
+    X.ranges, X.quick = ranges, true
+    return
+  end
   local fields = {}
   for _, d in ipairs(dims) do
     d.from = #fields + 1

@@ -8,6 +8,7 @@ local SKIP_MAX = 400
 local TOUCH_MAX = 48
 local FEW = 2000
 local SPENT_READ = 1000
+local SPENT_READ_LIMIT = '1001'   -- SPENT_READ + 1, as a command argument
 local SPENT_DRAIN = 256
 local PAGE_MAX = 1024
 local PROTOCOLS = {'http', 'https', 'socks5'}
@@ -91,7 +92,7 @@ local function replay(X)
   end
   -- Records out of force, removed as this one is written (two per record
   -- written, so they never pile up; the scheduled prune takes the rest).
-  idem.spent = call('ZRANGEBYSCORE', K.idemx, '-inf', NOW13, 'LIMIT', 0, 2)
+  idem.spent = call('ZRANGEBYSCORE', K.idemx, '-inf', NOW13, 'LIMIT', '0', '2')
   return nil
 end
 

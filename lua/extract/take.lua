@@ -167,9 +167,9 @@ local function count_usage(X, outcome)
   end
   local created
   if n > 0 and n == X.count and #order == 1 then
-    created = pcall_redis('HINCRBY', key, 'f|' .. client .. '|' .. requested .. '|' .. order[1], 1) == 1
+    created = pcall_redis('HINCRBY', key, 'f|' .. client .. '|' .. requested .. '|' .. order[1], '1') == 1
   else
-    created = pcall_redis('HINCRBY', key, 'c|' .. client .. '|' .. outcome .. '|' .. requested, 1) == 1
+    created = pcall_redis('HINCRBY', key, 'c|' .. client .. '|' .. outcome .. '|' .. requested, '1') == 1
     for _, tuple in ipairs(order) do
       if pcall_redis('HINCRBY', key, 'p|' .. client .. '|' .. tuple, tuples[tuple]) == tuples[tuple] then
         created = true
@@ -225,7 +225,7 @@ local function take_first(X)
   local ranges = X.enumerate and NONE or X.ranges
   for i = 1, #ranges do
     local prefix = ranges[i]
-    local member = call('ZRANGEBYLEX', K.hd, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, 1)[1]
+    local member = call('ZRANGEBYLEX', K.hd, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', '0', '1')[1]
     if member then
       local plen = #prefix
       local bar = find(member, '|', plen + 15, true)
@@ -234,9 +234,13 @@ local function take_first(X)
       if not key or k < key then key, atom = k, sub(member, bar + 1) end
     end
   end
-  if not key then return nil end
+  if not key then
+    -- A quick plan's ranges hold no head: nothing indexed matches.
+    if X.quick then X.quick, X.nothing = nil, true end
+    return nil
+  end
   local from = #atom + 2
-  local entries = call('ZRANGEBYLEX', K.ax, '[' .. atom .. '|', '[' .. atom .. '|\255', 'LIMIT', 0, 2)
+  local entries = call('ZRANGEBYLEX', K.ax, '[' .. atom .. '|', '[' .. atom .. '|\255', 'LIMIT', '0', '2')
   local first = entries[1]
   if not first or sub(first, from) ~= key or sub(first, from, from + 12) < X.t13 then return nil end
   local id = sub(first, from + 14)
@@ -250,40 +254,37 @@ local function take_first(X)
   if head ~= key then return nil end
   local second = entries[2]
   local next_key = second and sub(second, from) or nil
-  n = tonumber(n) - 1
+  -- The counters less this entry (and, when the slice empties, its head),
+  -- as strings (see less_one); a counter that would vanish, or is not one,
+  -- is left to the walk's planner (it moves the value lists too).
+  n = less_one(n)
+  if not n then return nil end
   local set, del = {}, {}
-  if n > 0 or next_key then
+  if n ~= '0' or next_key then
     set[1], set[2] = atom, (next_key or '') .. '\t' .. n
   else
     del[1] = atom
   end
-  local gone = next_key and 0 or 1
   local fields = {gp, gr, gc, gu}
   for j = 1, 4 do
-    local gn, ga = match(counts[j + 2] or '0|0', '^(%d+)|(%d+)$')
-    gn, ga = max(0, (tonumber(gn) or 1) - 1), max(0, (tonumber(ga) or gone) - gone)
-    if gn > 0 or ga > 0 then
-      set[#set + 1], set[#set + 2] = fields[j], gn .. '|' .. ga
-    else
-      -- A value vanishing from the pool moves a value list: the walk's
-      -- planner does that.
-      return nil
-    end
+    local gn, ga = match(counts[j + 2] or '', '^(%d+)|(%d+)$')
+    if not gn then return nil end
+    gn = less_one(gn)
+    if not next_key then ga = less_one(ga) end
+    if not (gn and ga) or (gn == '0' and ga == '0') then return nil end
+    set[#set + 1], set[#set + 2] = fields[j], gn .. '|' .. ga
   end
   -- The writes, `due` first (see apply).
   local refused = pcall_redis('ZADD', K.due, '1' .. sub(first, from, from + 12), first)
   if type(refused) == 'table' and refused.err then return refused end
   call('ZREM', K.ax, first)
   call('HSET', K.rec, id, 'X' .. first)
-  if #del > 0 then call('HDEL', K.cnt, unpack(del)) end
+  if #del > 0 then call('HDEL', K.cnt, del[1]) end
   call('HSET', K.cnt, unpack(set))
-  local heads = {}
-  push_heads(heads, atom, p, r, c, u, key)
-  call('ZREM', K.hd, unpack(heads))
+  call('ZREM', K.hd, heads_of(atom, p, r, c, u, key))
   if next_key then
-    heads = {}
-    push_heads(heads, atom, p, r, c, u, next_key, true)
-    call('ZADD', K.hd, unpack(heads))
+    local hg, hp, hr, hc, hu = heads_of(atom, p, r, c, u, next_key)
+    call('ZADD', K.hd, '0', hg, '0', hp, '0', hr, '0', hc, '0', hu)
   end
   X.found, X.taken, X.taken_m, X.taken_id = 1, {handed}, {first}, {id}
   return true

@@ -25,7 +25,7 @@ end
 -- drains some of them and answers "again").
 local function count_eligible(X, w, ix)
   if not X.restricted then return call('ZCOUNT', K.due, '(' .. NOW13, BAND1) end
-  local spent = call('ZRANGEBYSCORE', K.due, '-inf', NOW13, 'LIMIT', 0, SPENT_READ + 1)
+  local spent = call('ZRANGEBYSCORE', K.due, '-inf', NOW13, 'LIMIT', '0', SPENT_READ_LIMIT)
   if #spent > SPENT_READ then
     drain(w, ix, spent, SPENT_DRAIN)
     return nil
@@ -97,12 +97,17 @@ local function heap_drop(h)
   if n > 2 then heap_down(h, 1) end
 end
 
+-- Page sizes as command arguments (a number argument costs Redis an
+-- sprintf a call; the walk's pages are mostly 1-8 entries).
+local PAGE_ARG = {'1', '2', '3', '4', '5', '6', '7', '8'}
+
 -- Reads the next page of a cursor over `key` (its members in cur.m from
 -- cur.i = 1); false when there is none.
 local function next_page(cur, key)
   if cur.short then return false end
   cur.page = min(cur.page * 4, PAGE_MAX)
-  cur.m = call('ZRANGEBYLEX', key, '(' .. cur.m[#cur.m], '[' .. cur.prefix .. '\255', 'LIMIT', 0, cur.page)
+  cur.m = call('ZRANGEBYLEX', key, '(' .. cur.m[#cur.m], '[' .. cur.prefix .. '\255',
+               'LIMIT', '0', PAGE_ARG[cur.page] or cur.page)
   cur.short = #cur.m < cur.page
   cur.i = 1
   cur.recs = {}
@@ -147,14 +152,16 @@ local function range_at(X, cur)
 end
 
 local function open_range(prefix, page)
-  local m = call('ZRANGEBYLEX', K.hd, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, page)
+  local m = call('ZRANGEBYLEX', K.hd, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', '0',
+                 PAGE_ARG[page] or page)
   if #m == 0 then return nil end
   return {range = true, prefix = prefix, plen = #prefix, m = m, i = 1, page = page, short = #m < page}
 end
 
 local function open_atom(X, atom, page)
   local prefix = atom .. '|'
-  local m = call('ZRANGEBYLEX', K.ax, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, page)
+  local m = call('ZRANGEBYLEX', K.ax, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', '0',
+                 PAGE_ARG[page] or page)
   local cur = {atom = atom, prefix = prefix, from = #atom + 2, m = m, i = 1, page = page,
                short = #m < page, recs = {}, burst = 1, ex_m = {}, ex_f = {}, ex_r = {},
                tkey = prefix .. X.t13}

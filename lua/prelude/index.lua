@@ -27,12 +27,18 @@ local function grouping_fields(p, r, c, u)
   return 'P|' .. p, 'R|' .. p .. '|' .. r, 'C|' .. p .. '|' .. c, 'U|' .. p .. '|' .. u
 end
 
--- Pushes the five hd members of an atom (parts p, r, c, u) with head k,
--- each after a score "0" when `scored` (a ZADD's arguments).
-local function push_heads(list, atom, p, r, c, u, k, scored)
+-- The five hd members of an atom (parts p, r, c, u) with head k, one per
+-- grouping: G, P, R, C, U.
+local function heads_of(atom, p, r, c, u, k)
   local tail = k .. '|' .. atom
-  local members = {'G|' .. tail, 'P|' .. p .. '|' .. tail, 'R|' .. p .. '|' .. r .. '|' .. tail,
-                   'C|' .. p .. '|' .. c .. '|' .. tail, 'U|' .. p .. '|' .. u .. '|' .. tail}
+  return 'G|' .. tail, 'P|' .. p .. '|' .. tail, 'R|' .. p .. '|' .. r .. '|' .. tail,
+         'C|' .. p .. '|' .. c .. '|' .. tail, 'U|' .. p .. '|' .. u .. '|' .. tail
+end
+
+-- Pushes the five hd members of an atom with head k, each after a score
+-- "0" when `scored` (a ZADD's arguments).
+local function push_heads(list, atom, p, r, c, u, k, scored)
+  local members = {heads_of(atom, p, r, c, u, k)}
   local n = #list
   for i = 1, 5 do
     if scored then
@@ -123,7 +129,7 @@ end
 -- for none): read from ax, before any write.
 local function probe_survivor(a)
   local prefix = a.atom .. '|'
-  local page = call('ZRANGEBYLEX', K.ax, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, a.nrem + 1)
+  local page = call('ZRANGEBYLEX', K.ax, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', '0', a.nrem + 1)
   local from = #prefix + 1
   for i = 1, #page do
     local key = sub(page[i], from)
