@@ -13,10 +13,10 @@ and one by EVALSHA, and for each case and each of them sends CALLS
 requests over one keep-alive connection between a zeroing and a dump of
 callgrind's counters. The counts are of the whole server: reading the
 command, running it, replying. Prints instructions per call and the ratio
-to the trivial call ("x trivial"), and to the trivial call as the
-lean-index issue measured it ("x cli": `redis-cli -r CALLS`, whose
-connection, shared by its calls, it counts too, ~6k instructions a call
-more at 50 calls).
+to the trivial call, sent TRIVIAL_CALLS times over one open connection
+(what one measurement costs once, ~150k instructions, then weighs little;
+each case's count holds it too, ~3k a call at 50 calls: a slight
+overstatement of the cases).
 
 Usage: python3 scripts/count-instructions.py [SIZE] [COMBINATIONS] [CALLS]
   SIZE defaults to 1M, COMBINATIONS to 18, CALLS to 100;
@@ -57,6 +57,7 @@ import time
 SIZE = sys.argv[1] if len(sys.argv) > 1 else "1M"
 COMBINATIONS = sys.argv[2] if len(sys.argv) > 2 else "18"
 CALLS = int(sys.argv[3]) if len(sys.argv) > 3 else 100
+TRIVIAL_CALLS = 1000
 # Another build of redis-server (one with its symbols, for callgrind_annotate
 # to name the Lua VM's and cjson's functions) may be named by REDIS_SERVER.
 REDIS_SERVER = os.environ.get("REDIS_SERVER", "redis-server")
@@ -123,21 +124,26 @@ def ready(http_port):
         return False
 
 
-# The probe's markers: (the phase a marker ends, the text in lua/extract.lua's
-# main function it goes before; None: at the top of the function). Each
-# text occurs once.
+# The probe's markers: (the point of the call a marker stands at, the text
+# in lua/extract.lua's main function it goes before; None: at the top of
+# the function). Each text occurs once. A call passes the markers of its
+# own path; each segment is named by the two markers around it.
 MARKERS = [
     ("entered", None),
     ("marker", None),
-    ("keys bound, clock, policy, request read", "  local answered = replay(X)\n"),
-    ("idempotency lookup", "  plan(X, X.count == 1 and X.reserve == 0)\n"),
-    ("plan", "  local w, ix = new_writes(), new_changes()\n"),
-    ("count (with a reserve)", "\n  walk(X)\n"),
-    ("walk: heads, probes, records, judgements", "  -- Decide.\n"),
-    ("decide: the index changes planned", "  local refused = commit(w, ix)\n  if refused then return refused end\n  local result"),
-    ("commit: counts and heads planned, writes", "\n  local result = record_result(X)\n"),
-    ("result, idempotency record", "\n  count_usage(X, 'ok')\n  return {'ok', result}\nend"),
-    ("usage", "\n  return {'ok', result}\nend"),
+    ("request read", "  local answered = replay(X)\n"),
+    ("idempotency looked up", "  plan(X, X.count == 1 and X.reserve == 0)\n"),
+    ("planned", "  local w, ix = new_writes(), new_changes()\n"),
+    ("counted (with a reserve)", "  -- (With a reserve, once the count planned no writes of its own.)\n"),
+    ("first taken (count=1 path)", "      local result = record_result(X)\n"),
+    ("result recorded", "      count_usage(X, 'ok')\n      return {'ok', result}\n"),
+    ("usage counted", "      return {'ok', result}\n"),
+    ("walk begins", "\n  walk(X)\n"),
+    ("walked", "  -- Decide.\n"),
+    ("decided", "  local refused = commit(w, ix)\n  if refused then return refused end\n  local result"),
+    ("committed", "\n  local result = record_result(X)\n"),
+    ("result recorded", "\n  count_usage(X, 'ok')\n  return {'ok', result}\nend"),
+    ("usage counted", "\n  return {'ok', result}\nend"),
 ]
 PHASE_CASES = [
     ("count=1, no such region", {"count": 1, "filters": {"regions": ["nowhere"]}}),
@@ -169,7 +175,7 @@ def probe_library():
     entry = "local function extract(keys, argv)\n"
     top = ""
     for i, (_, anchor) in enumerate(MARKERS):
-        marker = f"  redis.call('ECHO', 'phase {i}')\n"
+        marker = f"  phase_marker({i})\n"
         if anchor is None:
             top += marker
         elif anchor.startswith("\n"):
@@ -181,8 +187,18 @@ def probe_library():
         else:
             body = body.replace(anchor, marker + anchor)
     body = body.replace(entry, entry + top)
-    return (f"#!lua name=phase_probe\n{prelude}\nlocal MAIN = {{}}\ndo\n{body}\nMAIN.extract = extract\nend\n"
-            "redis.register_function{function_name = 'phase_probe_extract', callback = MAIN.extract}\n")
+    # Each marker notes its index (phase_probe_hits returns and forgets them)
+    # and runs an ECHO, where callgrind dumps.
+    markers = ("local HITS = {}\n"
+               "local function phase_marker(i)\n"
+               "  HITS[#HITS + 1] = i\n"
+               "  redis.call('ECHO', 'phase')\n"
+               "end\n")
+    return (f"#!lua name=phase_probe\n{prelude}\n{markers}local MAIN = {{}}\ndo\n{body}\n"
+            "MAIN.extract = extract\nend\n"
+            "redis.register_function{function_name = 'phase_probe_extract', callback = MAIN.extract}\n"
+            "redis.register_function{function_name = 'phase_probe_hits', callback = function()\n"
+            "  local hits = HITS\n  HITS = {}\n  return hits\nend}\n")
 
 
 def script_args(policy, body):
@@ -292,26 +308,34 @@ def phases(port, pid, workdir, calls):
         subprocess.run(["callgrind_control", "-d", "phases-end", str(pid)], check=True,
                        capture_output=True)
         new = [costs(p) for p in dumps(workdir) if p not in seen]
-        # new: calls x markers, then the last call's tail up to the ECHO
+        hits = [int(h) for h in cli(port, "FCALL", "phase_probe_hits", "0").split()]
+        # The markers one call passes, the same in every call.
+        h = len(hits) // calls
+        path = hits[:h]
+        if h < 2 or hits != path * calls:
+            sys.exit(f"count-instructions: the calls passed different markers: {hits[:60]}")
+        # new: calls x h, then the last call's tail up to the ECHO
         # `redis-cli --pipe` ends with, and that ECHO's (both left out)
-        n = len(MARKERS)
-        if len(new) != calls * n + 2:
-            sys.exit(f"count-instructions: {len(new)} dumps for {calls} calls of {n} markers")
-        # Segment k of call i ends at its marker k; the tail of call i is the
-        # "entered" dump of call i + 1.
-        per = {k: [new[i * n + k] for i in range(1, calls - 1)] for k in range(1, n)}
-        per[0] = [new[(i + 1) * n] for i in range(1, calls - 1)]
+        if len(new) != calls * h + 2:
+            sys.exit(f"count-instructions: {len(new)} dumps for {calls} calls of {h} markers")
+        # Segment j of call i ends at its marker path[j]; the tail of call i
+        # is the "entered" dump of call i + 1.
+        per = {j: [new[i * h + j] for i in range(1, calls - 1)] for j in range(1, h)}
+        per[0] = [new[(i + 1) * h] for i in range(1, calls - 1)]
         # Means: a call's Lua garbage collection falls in whichever phase
         # allocates past the collector's threshold (the medians leave it out).
         mean = {k: (statistics.mean(t for t, _ in v), statistics.mean(c for _, c in v),
                     statistics.median(t for t, _ in v)) for k, v in per.items()}
         mark_all, mark_cmd, mark_med = mean[1]
         print(f"\n{name}")
-        print(f"  {'phase':<56} {'instructions':>13} {'commands':>10} {'median':>10}")
+        print(f"  {'from -> to':<56} {'instructions':>13} {'commands':>10} {'median':>10}")
         total = 0
-        for k in list(range(2, n)) + [0]:
-            all_, cmd, med = mean[k]
-            label = MARKERS[k][0] if k else "answer returned, reply, next call read and entered"
+        for j in list(range(2, h)) + [0]:
+            all_, cmd, med = mean[j]
+            if j:
+                label = f"{MARKERS[path[j - 1]][0]} -> {MARKERS[path[j]][0]}"
+            else:
+                label = f"{MARKERS[path[-1]][0]} -> reply, next call entered"
             print(f"  {label:<56} {all_ - mark_all:>13,.0f} {max(0, cmd - mark_cmd):>10,.0f} "
                   f"{med - mark_med:>10,.0f}")
             total += all_ - mark_all
@@ -372,13 +396,14 @@ def main():
         sha = cli(port, "SCRIPT", "LOAD", "return 1")
         cli(port, "-r", "10", "EVALSHA", sha, "0")
         # The trivial call, one at a time over one open connection, as the
-        # service sends its calls (not `redis-cli`: its connection would be
-        # counted, and `--pipe` ends with an ECHO, where callgrind dumps).
+        # service sends its calls, TRIVIAL_CALLS times: what a measurement
+        # costs once (~150k instructions) then weighs little (over 50 calls,
+        # or through one `redis-cli -r 50`, the trivial call read 14-23k).
         trivial_conn = socket.create_connection(("127.0.0.1", port))
         call = f"*3\r\n$7\r\nEVALSHA\r\n${len(sha)}\r\n{sha}\r\n$1\r\n0\r\n".encode()
 
         def trivial_calls():
-            for _ in range(CALLS):
+            for _ in range(TRIVIAL_CALLS):
                 trivial_conn.sendall(call)
                 reply = b""
                 while not reply.endswith(b"\r\n"):
@@ -386,20 +411,12 @@ def main():
                 if reply != b":1\r\n":
                     sys.exit(f"count-instructions: trivial call answered {reply!r}")
 
-        trivial_calls()
-        trivial = counted(workdir, grind.pid, "trivial", trivial_calls)[0] / CALLS
+        trivial = counted(workdir, grind.pid, "trivial", trivial_calls)[0] / TRIVIAL_CALLS
         trivial_conn.close()
-        # The measure the lean-index issue's targets were set with: one
-        # `redis-cli -r CALLS`, whose connection the calls share.
-        by_cli = counted(workdir, grind.pid, "trivial-cli", lambda: cli(
-            port, "-r", str(CALLS), "EVALSHA", sha, "0"))[0] / CALLS
         print(f"pool {SIZE} over {COMBINATIONS} combinations, {CALLS} calls a case "
               f"(callgrind, the whole redis-server: read, run, reply)")
-        print(f"{'case':<24} {'by':<8} {'instructions/call':>18} {'x trivial':>10} {'x cli':>8}")
-        print(f"{'trivial (return 1)':<24} {'EVALSHA':<8} {trivial:>18,.0f} {1:>10.1f} "
-              f"{trivial / by_cli:>8.1f}")
-        print(f"{'trivial, by redis-cli -r':<24} {'EVALSHA':<8} {by_cli:>18,.0f} "
-              f"{by_cli / trivial:>10.1f} {1:>8.1f}")
+        print(f"{'case':<24} {'by':<8} {'instructions/call':>18} {'x trivial':>10}")
+        print(f"{'trivial (return 1)':<24} {'EVALSHA':<8} {trivial:>18,.0f} {1:>10.1f}")
         for name, body, returned in CASES:
             for way, conn in servers.items():
                 for _ in range(5):
@@ -407,8 +424,7 @@ def main():
                 total, path = counted(workdir, grind.pid, f"{way}-{name}".replace(" ", ""),
                                       lambda: [extract(conn, body, returned) for _ in range(CALLS)])
                 per_call = total / CALLS
-                print(f"{name:<24} {way:<8} {per_call:>18,.0f} {per_call / trivial:>10.1f} "
-                      f"{per_call / by_cli:>8.1f}")
+                print(f"{name:<24} {way:<8} {per_call:>18,.0f} {per_call / trivial:>10.1f}")
                 if os.environ.get("AREAS") == "1" and way == "FCALL":
                     print_areas(path, CALLS)
         if os.environ.get("PHASES") == "1":
