@@ -138,14 +138,17 @@ impl Source {
 
     /// The code `EVALSHA` runs: a pool script gets the prelude joined in
     /// after its shebang (Redis reads flags only on the first line) and a
-    /// call of its main function.
+    /// call of its main function. `EVALSHA` makes every closure anew each
+    /// call; the body runs in a function of its own, so that its closures
+    /// reach the prelude's locals as that function's upvalues, not by Lua
+    /// 5.1's linear search of the open upvalues (~80k instructions a call).
     fn eval_code(&self) -> String {
         if !self.pool {
             return self.code.to_owned();
         }
         let (shebang, body) = (self.shebang(), self.body());
         format!(
-            "{shebang}\n{}\n{body}\nreturn {}(KEYS, ARGV)\n",
+            "{shebang}\n{}\nreturn (function()\n{body}\nreturn {}(KEYS, ARGV)\nend)()\n",
             prelude(),
             self.name
         )
@@ -414,7 +417,7 @@ mod tests {
             assert!(code.starts_with("#!lua"), "{}", &code[..20]);
             assert_eq!(code.lines().next(), source.code.lines().next());
             assert!(code.contains("local function bind_keys"));
-            assert!(code.ends_with(&format!("\nreturn {}(KEYS, ARGV)\n", source.name)));
+            assert!(code.ends_with(&format!("\nreturn {}(KEYS, ARGV)\nend)()\n", source.name)));
         }
     }
 
