@@ -206,8 +206,7 @@ local function contract(keys, argv)
   expect_zset(K.ax)
   expect_zset(K.hd)
   local meta, extra = plan_index(ix, w, held ~= 0 and {'held'} or nil)
-  local adopt = check_meta(meta)
-  if adopt then push2(w.cnt_set, 'meta', adopt) end
+  adopt_meta(w, meta)
   if held ~= 0 then
     local n = max(0, (tonumber(extra.held or '0') or 0) + held)
     if n > 0 then push2(w.cnt_set, 'held', tostring(n)) else w.cnt_del[#w.cnt_del + 1] = 'held' end

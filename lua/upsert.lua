@@ -96,8 +96,7 @@ local function upsert(keys, argv)
   end
   expect_zset(K.ax)
   expect_zset(K.hd)
-  local adopt = check_meta(plan_index(ix, w))
-  if adopt then push2(w.cnt_set, 'meta', adopt) end
+  adopt_meta(w, plan_index(ix, w))
   local refused = apply(w)
   if refused then return refused end
   return statuses

@@ -309,6 +309,13 @@ async fn a_pool_left_alone_is_emptied_by_the_prune() {
         .await
         .unwrap();
     assert_eq!(left, ["{pp}:v2:cnt"], "only the meta field is left");
+    let mut fields: Vec<String> = redis::cmd("HKEYS")
+        .arg("{pp}:v2:cnt")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    fields.sort();
+    assert_eq!(fields, ["enc", "meta"]);
 }
 
 /// A refresh that moves a proxy's only index entry (a new expiry) empties

@@ -533,3 +533,19 @@ async fn every_key_a_pool_writes_has_its_documented_type_and_ttl() {
         "documented keys the run never wrote: {unmet:?} (written: {written:?})"
     );
 }
+
+/// The counters hash is a hash table from a pool's first write (its `enc`
+/// field, written with `meta`), not a listpack searched field by field.
+#[tokio::test]
+async fn the_counters_are_a_hash_table_from_the_first_write() {
+    let h = Harness::start().await;
+    h.load(&proxies("small", 3)).await;
+    let mut conn = h.redis().await;
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(keys::COUNTS)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(encoding, "hashtable");
+}

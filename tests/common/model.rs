@@ -311,6 +311,8 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
     }
     let mut have_counts = counts.clone();
     let meta = have_counts.remove("meta");
+    // Written with the meta, so that cnt is a hash table from the start.
+    let encoding_note = have_counts.remove("enc");
     let have_values: BTreeMap<String, BTreeSet<String>> = counts
         .iter()
         .filter(|(k, _)| k.starts_with("V|"))
@@ -331,6 +333,11 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
         && meta.as_deref() != Some(&format!("{}|{}", keys::LAYOUT, pool.policy().script_arg()))
     {
         return disagree(format!("meta is {meta:?}"));
+    }
+    if meta.is_some() && encoding_note.as_ref().is_none_or(|note| note.len() <= 64) {
+        return disagree(format!(
+            "meta without a note over 64 bytes: {encoding_note:?}"
+        ));
     }
     if have_counts != want_counts {
         let diff: Vec<_> = want_counts
