@@ -5,13 +5,15 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::topology::{
     calls_of, calls_on, cluster_pool, cluster_replica_of, connect, info, ready, slot_owner_port,
     start_cluster, until,
 };
 use common::{app_over, extract_as, proxies, test_config};
 use proxy_pool::local::RedisServer;
-use proxy_pool::pool::{PoolContract, RedisPool};
+use proxy_pool::pool::{ContractOp, Maintenance, PoolContract, RedisPool, Verdict};
 
 /// The scripts run as Redis Functions: the library is loaded once (by the
 /// first script call, never by readiness; with it the public contract
@@ -126,6 +128,20 @@ async fn without_functions_the_scripts_run_by_evalsha() {
         assert!(calls_of(&calls, "fcall") <= 1, "{renamed}: {calls:?}");
         assert_eq!(calls_of(&calls, "function|load"), 0, "{renamed}: {calls:?}");
         assert!(calls_of(&calls, "evalsha") >= 3, "{renamed}: {calls:?}");
+        // The other pool scripts, each by EVALSHA too.
+        let claim = ContractOp::Claim {
+            id: "ev-0005".into(),
+            worker: "w".into(),
+            min_remaining_ttl: Duration::ZERO,
+            max_health_check_age: Duration::from_secs(60),
+        };
+        let reply = PoolContract::new(&pool).apply(&claim).await.unwrap();
+        assert_eq!(reply.verdict, Verdict::Ok, "{renamed}");
+        let maintenance = Maintenance::new(&pool);
+        assert_eq!(maintenance.inventory().await.unwrap().held, 1, "{renamed}");
+        let pruned = maintenance.prune_expired(1000, 10, None).await.unwrap();
+        assert!(pruned.complete, "{renamed}: {pruned:?}");
+        assert!(!pool.uses_functions(), "{renamed}");
     }
 }
 
