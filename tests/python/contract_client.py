@@ -159,6 +159,12 @@ def main():
             "bad contract arguments")
     never = dict(added, id="py-never-1")
     refused(r, "upsert", [policy, upsert_arg(never, True, now), "not a proxy"], "not a valid proxy")
+    # Each field of a proxy checked: a port of 0 or over 65535, a host with
+    # a space, a user with a control character, no password field.
+    for bad in [dict(never, port=0), dict(never, port=65536), dict(never, host="192.0.2.1 x"),
+                dict(never, username="u\x01")]:
+        refused(r, "upsert", [policy, upsert_arg(bad, True, now)], "not a valid proxy")
+    refused(r, "upsert", [policy, upsert_arg(never, True, now).rsplit("\t", 1)[0]], "not a valid proxy")
     refused(r, "prune", [policy, "0"], "bad prune arguments")
 
     # Upkeep: nothing has expired; the inventory counts what the Rust side
