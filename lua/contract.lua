@@ -205,8 +205,8 @@ local function contract(keys, argv)
   end
   expect_zset(K.ax)
   expect_zset(K.hd)
-  local meta, extra = plan_index(ix, w, held ~= 0 and {'held'} or nil)
-  adopt_meta(w, meta)
+  local meta, extra = plan_index(ix, w, held ~= 0 and ADOPT_HELD or ADOPT_FIELDS)
+  adopt_meta(w, meta, extra)
   if held ~= 0 then
     local n = max(0, (tonumber(extra.held or '0') or 0) + held)
     if n > 0 then push2(w.cnt_set, 'held', tostring(n)) else w.cnt_del[#w.cnt_del + 1] = 'held' end

@@ -93,7 +93,7 @@ local function upsert(keys, argv)
   end
   expect_zset(K.ax)
   expect_zset(K.hd)
-  adopt_meta(w, plan_index(ix, w))
+  adopt_meta(w, plan_index(ix, w, ADOPT_FIELDS))
   local refused = apply(w)
   if refused then return refused end
   return statuses

@@ -535,17 +535,45 @@ async fn every_key_a_pool_writes_has_its_documented_type_and_ttl() {
 }
 
 /// The counters hash is a hash table from a pool's first write (its `enc`
-/// field, written with `meta`), not a listpack searched field by field.
+/// field, written with `meta`), not a listpack searched field by field; a
+/// pool written before `enc` existed gets it from its next write.
 #[tokio::test]
 async fn the_counters_are_a_hash_table_from_the_first_write() {
     let h = Harness::start().await;
-    h.load(&proxies("small", 3)).await;
+    let pool = proxies("small", 4);
+    h.load(&pool[..3]).await;
     let mut conn = h.redis().await;
-    let encoding: String = redis::cmd("OBJECT")
-        .arg("ENCODING")
+    let encoding = || async {
+        let mut conn = h.redis().await;
+        let encoding: String = redis::cmd("OBJECT")
+            .arg("ENCODING")
+            .arg(keys::COUNTS)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        encoding
+    };
+    assert_eq!(encoding().await, "hashtable");
+    // The same counters without `enc`, as an older build wrote them.
+    let mut fields: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(keys::COUNTS)
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(encoding, "hashtable");
+    fields.retain(|(field, _)| field != "enc");
+    let _: () = redis::cmd("DEL")
+        .arg(keys::COUNTS)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(keys::COUNTS)
+        .arg(&fields)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(encoding().await, "listpack");
+    h.load(&pool[3..]).await;
+    assert_eq!(encoding().await, "hashtable");
+    common::model::pool_state(&h.pool).await.unwrap();
 }

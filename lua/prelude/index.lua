@@ -286,20 +286,22 @@ local function plan_index(ix, w, extra)
   return values[1], extras
 end
 
--- Written beside the pool's first meta: a value over 64 bytes, so that
--- Redis makes cnt a hash table at once and keeps it one (a hash of at most
--- 128 short fields is a listpack, each field found by a linear search: at
--- 18 combinations ~26k instructions of a count=1 call).
+-- Written beside the pool's meta: a value over 64 bytes, so that Redis
+-- makes cnt a hash table and keeps it one (a hash of at most 128 short
+-- fields is a listpack, each field found by a linear search: at 18
+-- combinations ~26k instructions of a count=1 call). A pool written before
+-- it gets it from its next fill, refresh or contract call.
 local ENCODING_NOTE = 'a value over 64 bytes keeps this hash a hash table (docs/data-model.md)'
+-- The cnt fields the writers read with plan_index for adopt_meta.
+local ADOPT_FIELDS, ADOPT_HELD = {'enc'}, {'enc', 'held'}
 
--- Checks the pool's `meta` (as plan_index read it) and, when the pool has
--- none yet, records this call's in the writes.
-local function adopt_meta(w, meta)
+-- Checks the pool's `meta` (as plan_index read it, with the extra fields
+-- `extra`) and records this call's when the pool has none yet, and the
+-- encoding note when it is missing.
+local function adopt_meta(w, meta, extra)
   local adopt = check_meta(meta)
-  if adopt then
-    push2(w.cnt_set, 'meta', adopt)
-    push2(w.cnt_set, 'enc', ENCODING_NOTE)
-  end
+  if adopt then push2(w.cnt_set, 'meta', adopt) end
+  if extra.enc ~= ENCODING_NOTE then push2(w.cnt_set, 'enc', ENCODING_NOTE) end
 end
 
 -- Applies the writes, in an order in which none can fail: `due` first, by
