@@ -308,7 +308,7 @@ async fn a_pool_left_alone_is_emptied_by_the_prune() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(left, ["{pp}:v2:cnt"], "only the meta field is left");
+    assert_eq!(left, ["{pp}:v2:cnt"], "only cnt is left (its meta and enc)");
     let mut fields: Vec<String> = redis::cmd("HKEYS")
         .arg("{pp}:v2:cnt")
         .query_async(&mut conn)
