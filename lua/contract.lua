@@ -106,7 +106,7 @@ local EPOCH = '\t(%d+)\t%d+\t%d+\t[^\t]*$'
 -- healthy, D ahead) told it passed, at a checkedAt that keeps D ahead. Its
 -- index entry stays, only its `due` score moves: no decode, no index
 -- change. Returns the verdict, the epoch, and the record after it and its
--- `due` write (locator, D) when it changed; nil when the general path must
+-- `due` score D when it changed; nil when the general path must
 -- judge it.
 local function health_fast(raw, id, ok, at)
   if ok ~= '1' or not raw or not find(raw, INDEXED_TIMES) or sub(raw, 3, 15) <= NOW13 then
@@ -124,7 +124,7 @@ local function health_fast(raw, id, ok, at)
   local u13 = sub(raw, 16, 28)
   local d13 = pad13(deadline(tonumber(u13), tonumber(sub(loc, cut - 13, cut - 1)), when))
   if d13 <= NOW13 then return nil end
-  return 'ok', tonumber(epoch), sub(raw, 1, 2) .. d13 .. u13 .. c13 .. sub(raw, LOC_AT), loc, d13
+  return 'ok', tonumber(epoch), sub(raw, 1, 2) .. d13 .. u13 .. c13 .. sub(raw, LOC_AT), d13
 end
 
 local function contract(keys, argv)
@@ -145,12 +145,12 @@ local function contract(keys, argv)
     local at = 2 + (i - 1) * 6
     local id = ids[i]
     if argv[at] == 'health' and named[id] == 1 then
-      local verdict, epoch, raw, loc, d13 = health_fast(stored[i] or nil, id, argv[at + 2], argv[at + 3])
+      local verdict, epoch, raw, d13 = health_fast(stored[i] or nil, id, argv[at + 2], argv[at + 3])
       if verdict then
         fast[id] = {verdict, epoch}
         if raw then
           push2(w.rec_set, id, raw)
-          push2(w.due_set, d13, loc)
+          push2(w.due_set, d13, id)
         end
       end
     end

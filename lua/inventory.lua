@@ -42,14 +42,7 @@ local function inventory(keys, argv)
   if meta then check_meta(meta) end
   local t13, until13 = pad13(NOW + M1), pad13(min(NOW + window, MAX_MS))
   local spent = call('ZRANGEBYSCORE', K.due, '-inf', NOW13, 'LIMIT', '0', SPENT_READ_LIMIT)
-  local spent_in = {}
-  for i = 1, min(#spent, SPENT_READ) do
-    local p, r, c, u = split_locator(spent[i])
-    if p then
-      local atom = p .. '|' .. r .. '|' .. c .. '|' .. u
-      spent_in[atom] = (spent_in[atom] or 0) + 1
-    end
-  end
+  local spent_in = spent_by_atom(spent, SPENT_READ)
   local scan = call('HSCAN', K.cnt, cursor, 'COUNT', page)
   local rows, fields = {}, scan[2]
   for i = 1, #fields, 2 do

@@ -24,8 +24,8 @@
 --      heads) and are scored by their expiry (band 1); those whose expiry
 --      passed too are ended at once (2.)
 --   2. due, band 1 up to 1e13 + now: records and tombstones whose expiry
---      passed are deleted; a `due` entry of a locator its record no longer
---      has (refreshed meanwhile) only goes itself
+--      passed are deleted; a `due` entry without a readable record only
+--      goes itself
 --   3. idemx up to now: idempotency records out of force
 -- Every read and decision happens before the first write.
 
@@ -42,40 +42,39 @@ local function prune(keys, argv)
   local w, ix = new_writes(), new_changes()
   local more = 0
 
-  -- 1. Spent index entries; those past their expiry too are ended (2.).
+  -- 1. Spent index entries (band 0 up to now) and 2. records and
+  -- tombstones past their expiry (band 1 up to 1e13 + now): their records
+  -- in one read, for the locators that say what counts them.
   local spent = call('ZRANGEBYSCORE', K.due, '-inf', NOW13, 'LIMIT', '0', batch)
   if #spent == batch then more = 1 end
-  local ended = {}
-  for i = 1, #spent do
-    local m = spent[i]
-    local p, r, c, u, e13, id = split_locator(m)
-    if p then
-      ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
-      w.ax_rem[#w.ax_rem + 1] = m
-      if e13 <= NOW13 then ended[#ended + 1] = m else push2(w.due_set, '1' .. e13, m) end
-    else
-      w.due_rem[#w.due_rem + 1] = m        -- not a member this layout writes
-    end
-  end
-
-  -- 2. Records and tombstones past their expiry.
   local ended_max = min(batch * ENDED_PER_BATCH, BATCH_MAX)
   local past = call('ZRANGEBYSCORE', K.due, '10000000000000', '1' .. NOW13, 'LIMIT', '0', ended_max)
   if #past == ended_max then more = 1 end
-  for i = 1, #past do ended[#ended + 1] = past[i] end
+  local ids = {}
+  for i = 1, #spent do ids[i] = spent[i] end
+  for i = 1, #past do ids[#spent + i] = past[i] end
+  local stored = chunked_read('HMGET', K.rec, ids)
   local records, held = 0, 0
-  if #ended > 0 then
-    local ids = {}
-    for i = 1, #ended do ids[i] = match(ended[i], '|([^|]+)$') or '' end
-    local stored = chunked_read('HMGET', K.rec, ids)
-    for i = 1, #ended do
-      local m, raw = ended[i], stored[i]
-      w.due_rem[#w.due_rem + 1] = m
-      local live = decode(raw or nil)
-      if raw and ((live and live.loc == m) or tombstone_locator(raw) == m) then
-        w.rec_del[#w.rec_del + 1] = ids[i]
+  for i = 1, #ids do
+    local id, raw = ids[i], stored[i] or nil
+    local loc = record_locator(raw, id)
+    local p, r, c, u, e13
+    if loc then p, r, c, u, e13 = split_locator(loc) end
+    if not p then
+      w.due_rem[#w.due_rem + 1] = id       -- no record this layout can read
+    else
+      if i <= #spent then
+        ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
+        w.ax_rem[#w.ax_rem + 1] = loc
+      end
+      if e13 <= NOW13 then
+        w.due_rem[#w.due_rem + 1] = id
+        w.rec_del[#w.rec_del + 1] = id
         records = records + 1
-        if live and (live.s == 'C' or live.s == 'G') then held = held + 1 end
+        local s = byte(raw, 1)
+        if s == 67 or s == 71 then held = held + 1 end    -- C, G
+      else
+        push2(w.due_set, '1' .. e13, id)
       end
     end
   end

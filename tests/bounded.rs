@@ -527,7 +527,7 @@ async fn a_pool_of_another_layout_is_refused_loudly() {
     let _: () = redis::cmd("HSET")
         .arg(keys::COUNTS)
         .arg("meta")
-        .arg("3|120000|30000")
+        .arg("4|120000|30000")
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -540,7 +540,7 @@ async fn a_pool_of_another_layout_is_refused_loudly() {
         r.body
     );
     assert!(
-        r.body.contains("layout version 3") && r.body.contains("layout 2"),
+        r.body.contains("layout version 4") && r.body.contains("layout 3"),
         "{}",
         r.body
     );

@@ -247,7 +247,7 @@ fn the_scripts_and_the_contract_take_the_pool_keys_in_order() {
         .split(',')
         .map(|n| n.trim().trim_matches('\''))
         .collect();
-    let bound: Vec<String> = names.iter().map(|n| format!("{{pp}}:v2:{n}")).collect();
+    let bound: Vec<String> = names.iter().map(|n| format!("{{pp}}:v3:{n}")).collect();
     assert_eq!(bound, keys::POOL, "POOL_KEYS in lua/prelude/base.lua");
     for file in files(&root().join("lua"), "lua") {
         let source = std::fs::read_to_string(&file).unwrap();
@@ -379,13 +379,13 @@ fn names_a_key(rows: &[Row], name: &str) -> bool {
 }
 
 /// `text` less the section of `docs/deploy.md` that names the keys of the
-/// layout before on purpose (to move a pool off them).
-fn without_layout_1(text: &str) -> String {
+/// layouts before on purpose (to move a pool off them).
+fn without_earlier_layouts(text: &str) -> String {
     let mut out = String::new();
     let mut skipping = false;
     for line in text.lines() {
         if line.starts_with("## ") {
-            skipping = line == "## Moving a pool from layout 1 to layout 2";
+            skipping = line == "## Moving a pool from an earlier layout";
         }
         out.push_str(if skipping { "" } else { line });
         out.push('\n');
@@ -395,8 +395,8 @@ fn without_layout_1(text: &str) -> String {
 
 /// Every `{pp}:` key name written in `src/`, `lua/`, `docs/`,
 /// `README.md`, `scripts/` or `tests/python/` is a key of the table (only
-/// the section of `docs/deploy.md` on moving off layout 1 names that
-/// layout's keys).
+/// the section of `docs/deploy.md` on moving off an earlier layout names
+/// its keys).
 #[test]
 fn every_key_name_written_anywhere_is_documented() {
     let rows = documented();
@@ -412,7 +412,7 @@ fn every_key_name_written_anywhere_is_documented() {
     for file in &sources {
         let mut text = std::fs::read_to_string(file).unwrap();
         if file.ends_with("docs/deploy.md") {
-            text = without_layout_1(&text);
+            text = without_earlier_layouts(&text);
         }
         for (line, name) in mentions(&text) {
             seen += 1;
@@ -429,12 +429,12 @@ fn every_key_name_written_anywhere_is_documented() {
         unknown.join("\n")
     );
     // The scan tells a documented name from an undocumented one.
-    let sample = "`{pp}:v2:due`, `{{pp}}:ix:live`, {pp}:usage:<hour A>, {pp}:rl:*, {pp}:proxies.";
+    let sample = "`{pp}:v3:due`, `{{pp}}:ix:live`, {pp}:usage:<hour A>, {pp}:rl:*, {pp}:proxies.";
     let names: Vec<String> = mentions(sample).into_iter().map(|(_, n)| n).collect();
     assert_eq!(
         names,
         [
-            "{pp}:v2:due",
+            "{pp}:v3:due",
             "{pp}:ix:live",
             "{pp}:usage:<hour A>",
             "{pp}:rl:*",

@@ -46,35 +46,25 @@ async fn hgetall(h: &Harness, key: &str) -> BTreeMap<String, String> {
         .unwrap()
 }
 
-/// Expired records, tombstones and index entries go, dangling index entries
-/// too; live proxies stay, and so does a refreshed one whose old `due`
-/// entry says it is over (only that entry goes); the layout stays
-/// consistent and a second run changes nothing.
+/// Expired records, tombstones and index entries go; live proxies stay;
+/// the layout stays consistent and a second run changes nothing.
 #[tokio::test]
 async fn prune_removes_only_what_has_expired() {
     let h = Harness::start().await;
     let now = now_ms();
     h.load(&proxies("live", 4)).await;
     h.load(&[proxy("refreshed")]).await;
+    h.load(&[proxy("refreshed")]).await;
     plant_in(&h, "gone-1", "shanghai", now - 5_000, Planted::ALL).await;
     plant_in(&h, "gone-2", "shanghai", now - 4_000, Planted::ALL).await;
     plant_in(&h, "gone-bj", "beijing", now - 3_000, Planted::ALL).await;
-    let ghost = Planted {
-        record: false,
-        index: true,
-        expiry: false,
-    };
-    plant_in(&h, "ghost", "shanghai", now - 2_000, ghost).await;
+    plant_in(&h, "gone-sz", "shenzhen", now - 2_000, Planted::ALL).await;
     let mut conn = h.redis().await;
     let tomb = format!("{COMBINATION}|{:013}|tomb", now - 1_000);
-    let old = format!("{COMBINATION}|{:013}|refreshed", now - 1_000);
     let _: () = redis::pipe()
         .hset(keys::RECORDS, "tomb", format!("X{tomb}"))
         .ignore()
-        .zadd(keys::DUE, &tomb, 10_000_000_000_000i64 + now - 1_000)
-        .ignore()
-        // A due entry of a locator the record had before its refresh.
-        .zadd(keys::DUE, &old, 10_000_000_000_000i64 + now - 1_000)
+        .zadd(keys::DUE, "tomb", 10_000_000_000_000i64 + now - 1_000)
         .ignore()
         .query_async(&mut conn)
         .await
@@ -85,10 +75,10 @@ async fn prune_removes_only_what_has_expired() {
         .await
         .unwrap();
     assert_eq!(
-        report.records, 4,
-        "gone-1, gone-2, gone-bj, tomb: {report:?}"
+        report.records, 5,
+        "gone-1, gone-2, gone-bj, gone-sz, tomb: {report:?}"
     );
-    assert_eq!(report.index_entries, 4, "gone-1, gone-2, gone-bj, ghost");
+    assert_eq!(report.index_entries, 4, "gone-1, gone-2, gone-bj, gone-sz");
     assert!(report.complete);
     assert_eq!(report.batches, 1);
 
@@ -120,6 +110,43 @@ async fn prune_removes_only_what_has_expired() {
 
     let r = h.extract(r#"{"count":100}"#, &[]).await;
     assert_eq!(r.ids().len(), 5, "every live proxy is still eligible");
+}
+
+/// A record deleted by hand (not through the contract's `remove`) leaves
+/// its `due` entry, index entry and counters behind: the prune takes the
+/// `due` entry out (it names no record to read), and extraction passes the
+/// index entry without handing anything out, answering from the live
+/// proxies around it.
+#[tokio::test]
+async fn a_record_deleted_by_hand_is_never_handed_out() {
+    let h = Harness::start().await;
+    let now = now_ms();
+    h.load(&proxies("live", 3)).await;
+    let ghost = Planted {
+        record: false,
+        index: true,
+        expiry: false,
+    };
+    plant_in(&h, "ghost-past", "shanghai", now - 2_000, ghost).await;
+    plant_in(&h, "ghost-ahead", "shanghai", now + 3_600_000, ghost).await;
+    let report = Maintenance::new(&h.pool)
+        .prune_expired(500, 5, None)
+        .await
+        .unwrap();
+    assert_eq!((report.records, report.index_entries), (0, 1), "{report:?}");
+    let due: Vec<String> = zrange(&h, keys::DUE)
+        .await
+        .into_iter()
+        .map(|(m, _)| m)
+        .collect();
+    assert!(!due.contains(&"ghost-past".to_owned()), "{due:?}");
+    let r = h
+        .extract(r#"{"count":100,"filters":{"regions":["shanghai"]}}"#, &[])
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let mut ids = r.ids();
+    ids.sort();
+    assert_eq!(ids, ["live-0000", "live-0001", "live-0002"]);
 }
 
 /// Records and tombstones past their expiry, out of the index (a few

@@ -28,7 +28,7 @@ local function walked_changes(X, w, ix, taking, known)
           if run then passed = passed + 1 else ix_remove(ix, atom, sub(m, from), false) end
         else
           ix_remove(ix, atom, sub(m, from), true)    -- taken
-          push2(w.due_set, '1' .. sub(m, from, from + 12), m)
+          push2(w.due_set, '1' .. sub(m, from, from + 12), sub(m, from + 14))
         end
         if run then
           first = first or m
@@ -51,17 +51,18 @@ local function walked_changes(X, w, ix, taking, known)
     end
   end
   if #junk > 0 then
-    -- Damaged entries leave the index; counted only if `due` indexed them.
-    local members = {}
-    for i = 1, #junk do members[i] = junk[i][1] end
-    local scores = call('ZMSCORE', K.due, unpack(members))
+    -- Damaged entries leave the index; counted only if their id's `due`
+    -- entry is theirs (no record, or one of this locator) and in band 0.
+    local ids = {}
+    for i = 1, #junk do ids[i] = sub(junk[i][3], 15) end
+    local scores = call('ZMSCORE', K.due, unpack(ids))
     for i = 1, #junk do
       local m, atom, key, raw = junk[i][1], junk[i][2], junk[i][3], junk[i][4]
-      local score = tonumber(scores[i])
+      local own = not raw or record_locator(raw, ids[i]) == m
+      local score = own and tonumber(scores[i]) or nil
       ix_remove(ix, atom, key, score ~= nil and score < 1e13)
       if score then
-        local d = decode(raw or nil)
-        if d and d.loc == m then push2(w.due_set, '1' .. d.e13, m) else w.due_rem[#w.due_rem + 1] = m end
+        if raw then push2(w.due_set, '1' .. sub(key, 1, 13), ids[i]) else w.due_rem[#w.due_rem + 1] = ids[i] end
       end
     end
   end
@@ -77,15 +78,16 @@ end
 -- when there are more.
 local function read_all_eligible(X)
   if call('ZCOUNT', K.due, '(' .. NOW13, BAND1) > FEW then return false end
-  local members = call('ZRANGEBYSCORE', K.due, '(' .. NOW13, BAND1)
+  local locs = locators_of(call('ZRANGEBYSCORE', K.due, '(' .. NOW13, BAND1))
   local order = {}
-  for i = 1, #members do
-    local p, r, c, u, e13, id = split_locator(members[i])
+  for i = 1, #locs do
+    local p, r, c, u, e13, id
+    if locs[i] then p, r, c, u, e13, id = split_locator(locs[i]) end
     if p and matches_parts(X, p, r, c, u) then order[#order + 1] = e13 .. '|' .. id .. '\1' .. i end
   end
   sort(order)
   X.eligible = #order
-  X.sorted, X.sorted_from = order, members
+  X.sorted, X.sorted_from = order, locs
   return true
 end
 
@@ -113,8 +115,11 @@ local function take_sorted(X, w, ix, n)
     else
       sound = false
       ix_remove(ix, atom, e13 .. '|' .. id, true)
-      local d = decode(recs[i] or nil)
-      if d and d.loc == m then push2(w.due_set, '1' .. e13, m) else w.due_rem[#w.due_rem + 1] = m end
+      if not recs[i] then
+        w.due_rem[#w.due_rem + 1] = id
+      elseif record_locator(recs[i], id) == m then
+        push2(w.due_set, '1' .. e13, id)
+      end
       w.ax_rem[#w.ax_rem + 1] = m
     end
   end
@@ -129,7 +134,7 @@ local function taken_changes(X, w, ix, walked)
     if not walked then
       local p, r, c, u, e13, id = split_locator(m)
       ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
-      push2(w.due_set, '1' .. e13, m)
+      push2(w.due_set, '1' .. e13, id)
       w.ax_rem[#w.ax_rem + 1] = m
     end
   end
@@ -275,7 +280,7 @@ local function take_first(X)
     set[#set + 1], set[#set + 2] = fields[j], gn .. '|' .. ga
   end
   -- The writes, `due` first (see apply).
-  local refused = pcall_redis('ZADD', K.due, '1' .. sub(first, from, from + 12), first)
+  local refused = pcall_redis('ZADD', K.due, '1' .. sub(first, from, from + 12), id)
   if type(refused) == 'table' and refused.err then return refused end
   call('ZREM', K.ax, first)
   call('HSET', K.rec, id, 'X' .. first)

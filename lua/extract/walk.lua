@@ -4,18 +4,22 @@
 -- (request, plan, walk, take), between lua/extract.lua's header and its
 -- main: one chunk, so each part sees the locals of those before it.
 
--- Takes spent index entries (locators from the head of `due`) out of the index.
+-- Takes the first `n` spent index entries (ids from the head of `due`) out
+-- of the index, their locators read from their records.
 local function drain(w, ix, spent, n)
-  for i = 1, min(n, #spent) do
-    local m = spent[i]
-    local p, r, c, u, e13, id = split_locator(m)
+  local ids = {}
+  for i = 1, min(n, #spent) do ids[i] = spent[i] end
+  local locs = locators_of(ids)
+  for i = 1, #ids do
+    local id, loc = ids[i], locs[i]
+    local p, r, c, u, e13
+    if loc then p, r, c, u, e13 = split_locator(loc) end
     if p then
-      local atom = p .. '|' .. r .. '|' .. c .. '|' .. u
-      ix_remove(ix, atom, e13 .. '|' .. id, true)
-      push2(w.due_set, '1' .. e13, m)
-      w.ax_rem[#w.ax_rem + 1] = m
+      ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
+      push2(w.due_set, '1' .. e13, id)
+      w.ax_rem[#w.ax_rem + 1] = loc
     else
-      w.due_rem[#w.due_rem + 1] = m
+      w.due_rem[#w.due_rem + 1] = id
     end
   end
 end
@@ -30,26 +34,18 @@ local function count_eligible(X, w, ix)
     drain(w, ix, spent, SPENT_DRAIN)
     return nil
   end
+  local spent_in = spent_by_atom(spent, SPENT_READ)
   if not (X.check and X.enumerate) then
     -- One grouping: its counters; several, walked (not enumerated): by
     -- inclusion and exclusion. Less the spent entries the filter matches.
     local sum = X.check and ie_count(X) or X.entries
-    for i = 1, #spent do
-      local p, r, c, u = split_locator(spent[i])
-      if p and matches_parts(X, p, r, c, u) then sum = sum - 1 end
+    for atom, n in pairs(spent_in) do
+      if matches(X, atom) then sum = sum - n end
     end
     return max(sum, 0)
   end
   -- Enumerated: per matching combination with a head (one without has only
   -- spent entries), its count less its spent entries; the walk reuses them.
-  local spent_in = {}
-  for i = 1, #spent do
-    local p, r, c, u = split_locator(spent[i])
-    if p then
-      local atom = p .. '|' .. r .. '|' .. c .. '|' .. u
-      spent_in[atom] = (spent_in[atom] or 0) + 1
-    end
-  end
   local atoms, counts = enumerated(X)
   local sum = 0
   for i = 1, #atoms do

@@ -1,10 +1,11 @@
 -- prelude/index.lua: the index over the records, and the writes every
 -- script collects while it reads and applies at its end.
 --
--- A record is indexed when it is indexable (prelude/record.lua) as it is
--- written: its locator then scores its deadline D in due (band 0,
--- "counted"; a record not indexed, a tombstone included, scores 1e13 + its
--- expiry: band 1) and is in its combination's slice of ax (a combination,
+-- Every record has one entry in due, its id: a record is indexed when it
+-- is indexable (prelude/record.lua) as it is written, and its id then
+-- scores its deadline D (band 0, "counted"; a record not indexed, a
+-- tombstone included, scores 1e13 + its expiry: band 1); its locator is
+-- in its combination's slice of ax (a combination,
 -- "atom", is "<p>|<r>|<c>|<u>"); cnt counts it, and the first entry of
 -- each slice (its atom's "head", "<expiry>|<id>") is in hd once per
 -- grouping (G, P, R, C, U). docs/data-model.md ("The keys") gives every
@@ -345,21 +346,18 @@ end
 
 -- Whether each live record among `records` (id -> a decoded record, a
 -- tombstone {tomb = locator} or false), for the ids `ids`, is indexed now:
--- its locator is in band 0 of `due`. One ZMSCORE.
+-- its id is in band 0 of `due`. One ZMSCORE.
 local function indexed_now(records, ids)
-  local locs, at, out = {}, {}, {}
+  local live, out = {}, {}
   for i = 1, #ids do
     local r = records[ids[i]]
-    if r and not r.tomb then
-      locs[#locs + 1] = r.loc
-      at[#locs] = ids[i]
-    end
+    if r and not r.tomb then live[#live + 1] = ids[i] end
   end
-  if #locs == 0 then return out end
-  local scores = chunked_read('ZMSCORE', K.due, locs)
-  for i = 1, #locs do
+  if #live == 0 then return out end
+  local scores = chunked_read('ZMSCORE', K.due, live)
+  for i = 1, #live do
     local score = tonumber(scores[i])
-    out[at[i]] = score ~= nil and score < 1e13
+    out[live[i]] = score ~= nil and score < 1e13
   end
   return out
 end
@@ -373,17 +371,17 @@ local function move_record(w, ix, id, old, was, new)
   local new_loc = new and new.loc or nil
   local index = new and indexable(new)
   local same = old_loc == new_loc
-  if old_loc and not same then w.due_rem[#w.due_rem + 1] = old_loc end
   if was and (not index or not same) then
     w.ax_rem[#w.ax_rem + 1] = old_loc
     ix_remove(ix, old.p .. '|' .. old.r .. '|' .. old.c .. '|' .. old.u, old.e13 .. '|' .. id, true)
   end
   if not new then
     w.rec_del[#w.rec_del + 1] = id
+    w.due_rem[#w.due_rem + 1] = id
     return
   end
   push2(w.rec_set, id, encode(new))
-  push2(w.due_set, index and new.d13 or ('1' .. new.e13), new_loc)
+  push2(w.due_set, index and new.d13 or ('1' .. new.e13), id)
   -- Into ax when it was not counted, or when it may have been passed as
   -- spent by a walk (its deadline was not ahead).
   if index and not (was and same and old.d13 > NOW13) then

@@ -1,5 +1,5 @@
 -- prelude/record.lua: one proxy's record, the code that reads and writes
--- it. A record is one field of {pp}:v2:rec, the proxy id -> a fixed-format
+-- it. A record is one field of {pp}:v3:rec, the proxy id -> a fixed-format
 -- string (times are 13 digits of Unix ms); docs/data-model.md ("The
 -- record") shows the same three lines, and tests/key_layout.rs keeps them
 -- the same:
@@ -20,7 +20,7 @@
 -- something is written (rules 1, 3 and 4 in one comparison, `now < D`):
 --   D = min(U, expiry - max(m, 1) + 1, C + A + 1)
 -- A record is indexable when allocatable (S is A or R), healthy (H is 1)
--- and its D is ahead; indexed records are in {pp}:v2:ax (prelude/index.lua).
+-- and its D is ahead; indexed records are in {pp}:v3:ax (prelude/index.lua).
 
 -- Where the locator starts in a live record (after S, H, D, U and C).
 local LOC_AT = 42
@@ -70,6 +70,50 @@ end
 local function tombstone_locator(raw)
   if raw and byte(raw, 1) == 88 then return sub(raw, 2) end
   return nil
+end
+
+-- The locator a record `raw` holds, live or a tombstone, when it is the
+-- record of `id` (its locator ends in it); nil when it is missing or
+-- damaged. An id's `due` entry is read with it: the locator says which
+-- combination counts it and which `ax` entry is its.
+local function record_locator(raw, id)
+  if not raw then return nil end
+  local loc
+  if byte(raw, 1) == 88 then
+    loc = sub(raw, 2)
+  else
+    local tab = find(raw, '\t', LOC_AT, true)
+    if not tab then return nil end
+    loc = sub(raw, LOC_AT, tab - 1)
+  end
+  if sub(loc, -#id - 1) ~= '|' .. id then return nil end
+  return loc
+end
+
+-- The locators of the records of `ids` (members of `due`), in one read:
+-- false for an id without a readable record.
+local function locators_of(ids)
+  local raws = chunked_read('HMGET', K.rec, ids)
+  local out = {}
+  for i = 1, #ids do out[i] = record_locator(raws[i] or nil, ids[i]) or false end
+  return out, raws
+end
+
+-- How many of the first `n` ids of `spent` (members of `due`) each
+-- combination counts: atom -> n, read from their records.
+local function spent_by_atom(spent, n)
+  local ids = {}
+  for i = 1, min(#spent, n) do ids[i] = spent[i] end
+  local locs = locators_of(ids)
+  local by = {}
+  for i = 1, #locs do
+    local loc = locs[i]
+    if loc then
+      local atom = atom_of(loc, ids[i])
+      by[atom] = (by[atom] or 0) + 1
+    end
+  end
+  return by
 end
 
 local function encode(t)

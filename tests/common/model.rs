@@ -28,8 +28,8 @@ pub struct PoolState {
     /// fields), or its tombstone `{"id","status":"EXTRACTED","expiresAt"}`.
     pub records: BTreeMap<String, Value>,
     /// The index: the locator `"<p>|<r>|<c>|<u>|<expiry, 13 digits>|<id>"`
-    /// of every indexed proxy and its deadline (in Redis, `{pp}:v2:ax`, with
-    /// the deadline from `{pp}:v2:due`).
+    /// of every indexed proxy and its deadline (in Redis, `{pp}:v3:ax`, with
+    /// the deadline from `{pp}:v3:due`).
     pub index: BTreeMap<String, i64>,
     /// Proxies held by Workers (CLAIMED or DRAINING): id -> owner.
     pub held: BTreeMap<String, String>,
@@ -161,7 +161,7 @@ fn decode_record(id: &str, raw: &str) -> Option<(Value, String, i64, Option<Stri
 
 /// Reads the whole pool (O(pool size)) and checks that every part of the
 /// layout (`lua/prelude/index.lua`) describes the same records: `due` holds
-/// each record's locator once, in band 0 (its deadline) exactly when it is
+/// each record's id once, in band 0 (its deadline) exactly when it is
 /// in `ax`; every indexed record is allocatable and healthy; each
 /// combination's counter and head are those of its slice of `ax`; `hd`
 /// holds exactly the five heads of each combination with entries; the
@@ -186,7 +186,7 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
         read_at,
         ..PoolState::default()
     };
-    let mut locators: BTreeMap<String, (String, i64, bool)> = BTreeMap::new(); // loc -> (id, D, allocatable+healthy)
+    let mut records: BTreeMap<String, (String, i64, bool)> = BTreeMap::new(); // id -> (loc, D, allocatable+healthy)
     for (id, value) in &raw {
         let Some((json, loc, d, owner)) = decode_record(id, value) else {
             return disagree(format!("record {id} is not one"));
@@ -200,22 +200,22 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
         }
         let takeable =
             matches!(status.as_str(), "AVAILABLE" | "DRAINED") && json["healthOk"] == true;
-        locators.insert(loc, (id.clone(), d, takeable));
+        records.insert(id.clone(), (loc, d, takeable));
         state.records.insert(id.clone(), json);
     }
-    // due: each record's locator once; band 0 (counted) at its deadline
-    // for what is indexed: every entry in ax, and spent ones a walk passed.
+    // due: each record's id once; band 0 (counted) at its deadline for
+    // what is indexed: every entry in ax, and spent ones a walk passed.
     let ax_set: BTreeSet<&String> = ax.iter().collect();
-    if due.len() != locators.len() {
+    if due.len() != records.len() {
         return disagree(format!(
             "due has {} entries for {} records",
             due.len(),
-            locators.len()
+            records.len()
         ));
     }
-    for (loc, score) in &due {
-        let Some((_, d, takeable)) = locators.get(loc) else {
-            return disagree(format!("due entry {loc} has no record"));
+    for (id, score) in &due {
+        let Some((loc, d, takeable)) = records.get(id) else {
+            return disagree(format!("due entry {id} has no record"));
         };
         let expiry: i64 = loc
             .split('|')

@@ -8,7 +8,7 @@ use super::Harness;
 /// What [`plant`] writes.
 #[derive(Debug, Clone, Copy)]
 pub struct Planted {
-    /// The record in `{pp}:v2:rec`.
+    /// The record in `{pp}:v3:rec`.
     pub record: bool,
     /// Its index entry: `ax`, `due` at its deadline, its combination's
     /// counter and head, its grouping counters and `hd` heads.
@@ -147,7 +147,7 @@ pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
         }
         pipe.zadd(keys::INDEX, &loc, 0)
             .ignore()
-            .zadd(keys::DUE, &loc, d)
+            .zadd(keys::DUE, &id, d)
             .ignore()
             .hset(keys::COUNTS, &atom, format!("{new_head}\t{}", n + 1))
             .ignore();
@@ -195,7 +195,7 @@ pub async fn plant(h: &Harness, rec: &Value, what: Planted) {
         }
     } else if what.expiry {
         let expires = rec["expiresAt"].as_i64().unwrap_or(0);
-        pipe.zadd(keys::DUE, &loc, 10_000_000_000_000i64 + expires)
+        pipe.zadd(keys::DUE, &id, 10_000_000_000_000i64 + expires)
             .ignore();
     }
     let _: () = pipe.query_async(&mut conn).await.unwrap();

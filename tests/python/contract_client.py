@@ -18,16 +18,16 @@ import sys
 
 import redis
 
-LIBRARY = "proxy_pool_v1"
+LIBRARY = "proxy_pool_v2"
 # The pool keys, KEYS[1..7] of every public function, in this order.
 KEYS = [
-    "{pp}:v2:rec",
-    "{pp}:v2:due",
-    "{pp}:v2:ax",
-    "{pp}:v2:hd",
-    "{pp}:v2:cnt",
-    "{pp}:v2:idem",
-    "{pp}:v2:idemx",
+    "{pp}:v3:rec",
+    "{pp}:v3:due",
+    "{pp}:v3:ax",
+    "{pp}:v3:hd",
+    "{pp}:v3:cnt",
+    "{pp}:v3:idem",
+    "{pp}:v3:idemx",
 ]
 # Health results per call: a few batches here (the Rust side sends up to 500).
 BATCH = 200
