@@ -161,10 +161,11 @@ local function contract(keys, argv)
     if before[id] == nil and not fast[id] then
       local raw = stored[i] or nil
       local live = decode(raw)
-      if raw and not live and not tombstone_locator(raw) then
+      local gone = not live and tombstone_expiry(raw)
+      if raw and not live and not gone then
         return redis.error_reply('ERR damaged pool: unreadable record')
       end
-      before[id] = live or (raw and {tomb = tombstone_locator(raw)}) or false
+      before[id] = live or (gone and {tomb = true, e13 = gone}) or false
       current[id] = before[id]
       order[#order + 1] = id
     end

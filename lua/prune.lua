@@ -59,11 +59,11 @@ local function prune(keys, argv)
     local id, raw = ids[i], stored[i] or nil
     local loc = record_locator(raw, id)
     local p, r, c, u, e13
-    if loc then p, r, c, u, e13 = split_locator(loc) end
-    if not p then
+    if loc then p, r, c, u, e13 = split_locator(loc) else e13 = tombstone_expiry(raw) end
+    if not e13 then
       w.due_rem[#w.due_rem + 1] = id       -- no record this layout can read
     else
-      if i <= #spent then
+      if p and i <= #spent then
         ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
         w.ax_rem[#w.ax_rem + 1] = loc
       end

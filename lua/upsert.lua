@@ -47,16 +47,16 @@ local function upsert(keys, argv)
   for i = 1, #incoming do ids[i] = incoming[i].id end
   local stored = chunked_read('HMGET', K.rec, ids)
 
-  -- What each id holds before the call: a live record, a tombstone's
-  -- locator, or nothing (a damaged value counts as nothing: it is replaced).
+  -- What each id holds before the call: a live record, a tombstone (its
+  -- expiry), or nothing (a damaged value counts as nothing: it is replaced).
   local before, current, order = {}, {}, {}
   for i = 1, #ids do
     local id = ids[i]
     if before[id] == nil then
       local raw = stored[i] or nil
       local live = decode(raw)
-      local gone = not live and tombstone_locator(raw)
-      before[id] = live or (gone and {tomb = gone, e13 = sub(gone, -#id - 14, -#id - 2)}) or false
+      local gone = not live and tombstone_expiry(raw)
+      before[id] = live or (gone and {tomb = true, e13 = gone}) or false
       current[id] = before[id]
       order[#order + 1] = id
     end

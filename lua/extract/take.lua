@@ -58,7 +58,7 @@ local function walked_changes(X, w, ix, taking, known)
     local scores = call('ZMSCORE', K.due, unpack(ids))
     for i = 1, #junk do
       local m, atom, key, raw = junk[i][1], junk[i][2], junk[i][3], junk[i][4]
-      local own = not raw or record_locator(raw, ids[i]) == m
+      local own = not raw or record_locator(raw, ids[i]) == m or tombstone_expiry(raw) == sub(key, 1, 13)
       local score = own and tonumber(scores[i]) or nil
       ix_remove(ix, atom, key, score ~= nil and score < 1e13)
       if score then
@@ -130,9 +130,10 @@ end
 local function taken_changes(X, w, ix, walked)
   for i = 1, X.found do
     local m = X.taken_m[i]
-    push2(w.rec_set, X.taken_id[i], 'X' .. m)
+    local id = X.taken_id[i]
+    push2(w.rec_set, id, 'X' .. sub(m, -#id - 14, -#id - 2))
     if not walked then
-      local p, r, c, u, e13, id = split_locator(m)
+      local p, r, c, u, e13 = split_locator(m)
       ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
       push2(w.due_set, '1' .. e13, id)
       w.ax_rem[#w.ax_rem + 1] = m
@@ -283,7 +284,7 @@ local function take_first(X)
   local refused = pcall_redis('ZADD', K.due, '1' .. sub(first, from, from + 12), id)
   if type(refused) == 'table' and refused.err then return refused end
   call('ZREM', K.ax, first)
-  call('HSET', K.rec, id, 'X' .. first)
+  call('HSET', K.rec, id, 'X' .. sub(first, from, from + 12))
   if #del > 0 then call('HDEL', K.cnt, del[1]) end
   call('HSET', K.cnt, unpack(set))
   call('ZREM', K.hd, heads_of(atom, p, r, c, u, key))

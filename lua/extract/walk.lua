@@ -9,7 +9,7 @@
 local function drain(w, ix, spent, n)
   local ids = {}
   for i = 1, min(n, #spent) do ids[i] = spent[i] end
-  local locs = locators_of(ids)
+  local locs, raws = locators_of(ids)
   for i = 1, #ids do
     local id, loc = ids[i], locs[i]
     local p, r, c, u, e13
@@ -19,7 +19,8 @@ local function drain(w, ix, spent, n)
       push2(w.due_set, '1' .. e13, id)
       w.ax_rem[#w.ax_rem + 1] = loc
     else
-      w.due_rem[#w.due_rem + 1] = id
+      e13 = tombstone_expiry(raws[i] or nil)
+      if e13 then push2(w.due_set, '1' .. e13, id) else w.due_rem[#w.due_rem + 1] = id end
     end
   end
 end

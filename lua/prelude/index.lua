@@ -345,7 +345,7 @@ local function expect_zset(key)
 end
 
 -- Whether each live record among `records` (id -> a decoded record, a
--- tombstone {tomb = locator} or false), for the ids `ids`, is indexed now:
+-- tombstone {tomb = true, e13 = its expiry} or false), for the ids `ids`, is indexed now:
 -- its id is in band 0 of `due`. One ZMSCORE.
 local function indexed_now(records, ids)
   local live, out = {}, {}
@@ -363,11 +363,11 @@ local function indexed_now(records, ids)
 end
 
 -- Plans the writes that move one record from `old` (a decoded record, a
--- tombstone {tomb = locator} or false), counted in band 0 when `was`, to
+-- tombstone {tomb = true, e13 = its expiry} or false), counted in band 0 when `was`, to
 -- `new` (a decoded record, or nil: deleted): its field, its `due` entry, its
 -- index entry and the counts and heads that follow.
 local function move_record(w, ix, id, old, was, new)
-  local old_loc = old and (old.tomb or old.loc) or nil
+  local old_loc = old and not old.tomb and old.loc or nil
   local new_loc = new and new.loc or nil
   local index = new and indexable(new)
   local same = old_loc == new_loc

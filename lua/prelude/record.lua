@@ -5,14 +5,15 @@
 -- the same:
 --
 --   live       <S><H><D><U><C><locator>\t<host>\t<port>\t<user>\t<pass>\t<epoch>\t<active>\t<reserved>\t<owner>
---   tombstone  X<locator>
+--   tombstone  X<expiry>
 --   locator    <protocol>|<region>|<carrier>|<upstream>|<expiry>|<id>
 --
 -- S the status: A AVAILABLE (no owner), C CLAIMED, G DRAINING, R DRAINED
 -- (Active = Reserved = 0); H the last health check: 1 passed, 0 failed;
 -- D the deadline under the pool policy; U usableUntil; C healthCheckedAt.
 -- user and pass are "" when the proxy has none. A tombstone is what is left
--- of a proxy handed to a client: it never comes back before its expiry.
+-- of a proxy handed to a client: it never comes back before the expiry the
+-- tombstone keeps (13 digits).
 -- Names (region, carrier, upstream) hold no "|" and no control character,
 -- ids only [A-Za-z0-9._:~-], hosts no whitespace: "\t" and "|" separate.
 --
@@ -66,32 +67,27 @@ local function decode(raw)
           owner = owner, p = p, r = r, c = c, u = u, e13 = e13, id = id}
 end
 
--- The tombstone's locator (nil if `raw` is not a tombstone).
-local function tombstone_locator(raw)
-  if raw and byte(raw, 1) == 88 then return sub(raw, 2) end
+-- The expiry a tombstone keeps, 13 digits (nil if `raw` is not a tombstone).
+local function tombstone_expiry(raw)
+  if raw and byte(raw, 1) == 88 and #raw == 14 then return sub(raw, 2) end
   return nil
 end
 
--- The locator a record `raw` holds, live or a tombstone, when it is the
--- record of `id` (its locator ends in it); nil when it is missing or
+-- The locator a live record `raw` holds, when it is the record of `id`
+-- (its locator ends in it); nil for a tombstone, or when it is missing or
 -- damaged. An id's `due` entry is read with it: the locator says which
 -- combination counts it and which `ax` entry is its.
 local function record_locator(raw, id)
-  if not raw then return nil end
-  local loc
-  if byte(raw, 1) == 88 then
-    loc = sub(raw, 2)
-  else
-    local tab = find(raw, '\t', LOC_AT, true)
-    if not tab then return nil end
-    loc = sub(raw, LOC_AT, tab - 1)
-  end
+  if not raw or byte(raw, 1) == 88 then return nil end
+  local tab = find(raw, '\t', LOC_AT, true)
+  if not tab then return nil end
+  local loc = sub(raw, LOC_AT, tab - 1)
   if sub(loc, -#id - 1) ~= '|' .. id then return nil end
   return loc
 end
 
 -- The locators of the records of `ids` (members of `due`), in one read:
--- false for an id without a readable record.
+-- false for an id without a live record (its raw records are returned too).
 local function locators_of(ids)
   local raws = chunked_read('HMGET', K.rec, ids)
   local out = {}

@@ -110,12 +110,16 @@ async fn hash(conn: &mut PoolConnection, key: &str) -> Result<BTreeMap<String, S
 }
 
 /// One record as `lua/prelude/record.lua` writes it, as JSON, with its
-/// locator, deadline and owner; `None` when it is not one.
+/// locator (a tombstone's: empty), deadline and owner; `None` when it is
+/// not one.
 fn decode_record(id: &str, raw: &str) -> Option<(Value, String, i64, Option<String>)> {
-    if let Some(loc) = raw.strip_prefix('X') {
-        let expires: i64 = loc.split('|').nth(4)?.parse().ok()?;
+    if let Some(expiry) = raw.strip_prefix('X') {
+        if expiry.len() != 13 {
+            return None;
+        }
+        let expires: i64 = expiry.parse().ok()?;
         let json = serde_json::json!({"id": id, "status": "EXTRACTED", "expiresAt": expires});
-        return Some((json, loc.to_owned(), -1, None));
+        return Some((json, String::new(), -1, None));
     }
     let status = match raw.get(0..1)? {
         "A" => "AVAILABLE",
@@ -186,7 +190,7 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
         read_at,
         ..PoolState::default()
     };
-    let mut records: BTreeMap<String, (String, i64, bool)> = BTreeMap::new(); // id -> (loc, D, allocatable+healthy)
+    let mut records: BTreeMap<String, (String, i64, bool, i64)> = BTreeMap::new(); // id -> (loc, D, allocatable+healthy, expiry)
     for (id, value) in &raw {
         let Some((json, loc, d, owner)) = decode_record(id, value) else {
             return disagree(format!("record {id} is not one"));
@@ -200,7 +204,8 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
         }
         let takeable =
             matches!(status.as_str(), "AVAILABLE" | "DRAINED") && json["healthOk"] == true;
-        records.insert(id.clone(), (loc, d, takeable));
+        let expiry = json["expiresAt"].as_i64().unwrap_or(-1);
+        records.insert(id.clone(), (loc, d, takeable, expiry));
         state.records.insert(id.clone(), json);
     }
     // due: each record's id once; band 0 (counted) at its deadline for
@@ -214,14 +219,9 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
         ));
     }
     for (id, score) in &due {
-        let Some((loc, d, takeable)) = records.get(id) else {
+        let Some((loc, d, takeable, expiry)) = records.get(id) else {
             return disagree(format!("due entry {id} has no record"));
         };
-        let expiry: i64 = loc
-            .split('|')
-            .nth(4)
-            .and_then(|e| e.parse().ok())
-            .unwrap_or(-1);
         if *score < 1e13 {
             if *score as i64 != *d || !takeable {
                 return disagree(format!("counted {loc}: due {score}, deadline {d}"));
@@ -230,8 +230,8 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
                 return disagree(format!("{loc} is eligible but not in ax"));
             }
             state.index.insert(loc.clone(), *d);
-        } else if *score as i64 != 10_000_000_000_000 + expiry {
-            return disagree(format!("{loc} is not indexed, yet due scores it {score}"));
+        } else if *score as i64 != 10_000_000_000_000 + *expiry {
+            return disagree(format!("{id} is not indexed, yet due scores it {score}"));
         }
     }
     if ax.iter().any(|l| !state.index.contains_key(l)) {
