@@ -18,8 +18,8 @@
 --                now + window (spent ones among them too)
 --   held         proxies Workers hold (CLAIMED or DRAINING)
 --   cursor       pass it back for the next page; "0" when this was the last
---   exact        1; 0 when more than SPENT_READ entries are spent, so that
---                `eligible` counts the spent ones it could not read too
+--   exact        1; 0 when more than SPENT_READ entries are spent: then
+--                none is read, and `eligible` counts the spent ones too
 -- Errors: "POLICY <A>|<m>" / "LAYOUT <v>" (prelude/base.lua).
 --
 -- Read only (flags=no-writes: it runs at maxmemory and on replicas). It
@@ -27,7 +27,6 @@
 -- window from ax: O(log N) per combination, never the pool's size.
 
 local SPENT_READ = 10000
-local SPENT_READ_LIMIT = '10001'   -- SPENT_READ + 1, as a command argument
 local COMBINATION = '^[hs][^|]*|[^|]*|[^|]*|[^|]*$'
 
 local function inventory(keys, argv)
@@ -41,8 +40,15 @@ local function inventory(keys, argv)
   local meta = call('HGET', K.cnt, 'meta')
   if meta then check_meta(meta) end
   local t13, until13 = pad13(NOW + M1), pad13(min(NOW + window, MAX_MS))
-  local spent = call('ZRANGEBYSCORE', K.due, '-inf', NOW13, 'LIMIT', '0', SPENT_READ_LIMIT)
-  local spent_in = spent_by_atom(spent, SPENT_READ)
+  -- The spent entries, read (with their records, for their combinations)
+  -- only when they are few enough to subtract them all.
+  local spent_in, exact = NONE, 1
+  local spent = call('ZCOUNT', K.due, '-inf', NOW13)
+  if spent > SPENT_READ then
+    exact = 0
+  elseif spent > 0 then
+    spent_in = spent_by_atom(call('ZRANGEBYSCORE', K.due, '-inf', NOW13), SPENT_READ)
+  end
   local scan = call('HSCAN', K.cnt, cursor, 'COUNT', page)
   local rows, fields = {}, scan[2]
   for i = 1, #fields, 2 do
@@ -59,5 +65,5 @@ local function inventory(keys, argv)
     end
   end
   local held = tonumber(call('HGET', K.cnt, 'held') or '0') or 0
-  return {NOW, rows, held, scan[1], #spent > SPENT_READ and 0 or 1}
+  return {NOW, rows, held, scan[1], exact}
 end
