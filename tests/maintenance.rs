@@ -311,6 +311,48 @@ async fn inventory_counts_what_extraction_could_take() {
     );
 }
 
+/// Past 10,000 spent entries the inventory reads none of them: it says it
+/// is not exact and counts them as eligible; once the prune has drained
+/// them it is exact again.
+#[tokio::test]
+async fn inventory_past_its_spent_bound_says_it_is_not_exact() {
+    let h = Harness::start().await;
+    let soon = now_ms() + 4_000;
+    let mut ending = proxies("ending", 10_001);
+    for p in &mut ending {
+        p.usable_until = soon; // the safety margin starts in 4 s
+    }
+    for chunk in ending.chunks(1_000) {
+        h.load(chunk).await;
+    }
+    h.load(&proxies("fresh", 2)).await;
+    let before = Maintenance::new(&h.pool).inventory().await.unwrap();
+    assert!(before.exact);
+    assert_eq!(before.buckets[0].eligible, 10_003);
+
+    let left = u64::try_from(soon - now_ms()).unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(left + 100)).await;
+    let stale = Maintenance::new(&h.pool).inventory().await.unwrap();
+    assert!(stale.at_ms > soon, "the deadline has passed");
+    assert!(!stale.exact);
+    assert_eq!(
+        (stale.buckets[0].eligible, stale.buckets[0].indexed),
+        (10_003, 10_003)
+    );
+
+    let pruned = Maintenance::new(&h.pool)
+        .prune_expired(1_000, 20, None)
+        .await
+        .unwrap();
+    assert_eq!(pruned.index_entries, 10_001);
+    let after = Maintenance::new(&h.pool).inventory().await.unwrap();
+    assert!(after.exact);
+    assert_eq!(
+        (after.buckets[0].eligible, after.buckets[0].indexed),
+        (2, 2)
+    );
+}
+
 /// The scheduled check prunes, then reports the inventory by upstream,
 /// protocol and region, and its EMF lines carry the same numbers.
 #[tokio::test]
