@@ -18,15 +18,17 @@
 -- A refresh replaces the proxy's details, expiry and health and keeps its
 -- ownership state. The index follows the record (prelude/index.lua).
 
-local INCOMING = '^([01])(' .. D13 .. ')(' .. D13 .. ')([^\t]+)\t([^\t%s]+)\t(%d%d?%d?%d?%d?)\t([^\t%c]*)\t([^\t%c]*)$'
+-- H, U, C, the locator (and within it, as LOCATOR in prelude/record.lua
+-- reads it, its protocol, region, carrier, upstream, expiry and id), host,
+-- port, user, password: one match an argument.
+local INCOMING = '^([01])(' .. D13 .. ')(' .. D13 .. ')(([^|\t]*)|([^|\t]*)|([^|\t]*)|([^|\t]*)|('
+  .. D13 .. ')|([%w%._:~%-]+))\t([^\t%s]+)\t(%d%d?%d?%d?%d?)\t([^\t%c]*)\t([^\t%c]*)$'
 
 -- The arguments as new records (tables as prelude/record.lua decodes them).
 local function read_incoming(argv)
   local incoming = {}
   for i = 2, #argv do
-    local h, u13, c13, loc, host, port, user, pass = match(argv[i], INCOMING)
-    local p, r, c, u, e13, id
-    if h then p, r, c, u, e13, id = split_locator(loc) end
+    local h, u13, c13, loc, p, r, c, u, e13, id, host, port, user, pass = match(argv[i], INCOMING)
     if not (p and u ~= '' and not find(loc, '%c') and u13 <= e13 and PROTOCOL[p]
             and tonumber(port) >= 1 and tonumber(port) <= 65535) then
       error({err = 'ERR upsert: argument ' .. i .. ' is not a valid proxy'})
