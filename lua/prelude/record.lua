@@ -27,9 +27,12 @@
 local LOC_AT = 42
 local PROTOCOL = {http = true, https = true, socks5 = true}
 local D13 = '%d%d%d%d%d%d%d%d%d%d%d%d%d'
-local LIVE = '^([ACGR])([01])(' .. D13 .. ')(' .. D13 .. ')(' .. D13 .. ')([^\t]+)\t([^\t]*)\t(%d%d?%d?%d?%d?)\t'
-  .. '([^\t]*)\t([^\t]*)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)$'
 local LOCATOR = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(' .. D13 .. ')|([%w%._:~%-]+)$'
+-- A live record, its locator read as LOCATOR reads one (nested captures:
+-- one match a record).
+local LIVE = '^([ACGR])([01])(' .. D13 .. ')(' .. D13 .. ')(' .. D13 .. ')'
+  .. '(([^|\t]*)|([^|\t]*)|([^|\t]*)|([^|\t]*)|(' .. D13 .. ')|([%w%._:~%-]+))\t([^\t]*)\t(%d%d?%d?%d?%d?)\t'
+  .. '([^\t]*)\t([^\t]*)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)$'
 
 -- p, r, c, u, expiry (13 digits), id; nil when `loc` is not a locator.
 local function split_locator(loc)
@@ -58,10 +61,9 @@ end
 -- owner (strings), and the locator's parts p, r, c, u, e13, id.
 local function decode(raw)
   if not raw then return nil end
-  local s, h, d13, u13, c13, loc, host, port, user, pass, epoch, active, reserved, owner = match(raw, LIVE)
-  if not s then return nil end
-  local p, r, c, u, e13, id = split_locator(loc)
-  if not p or host == '' or tonumber(port) > 65535 then return nil end
+  local s, h, d13, u13, c13, loc, p, r, c, u, e13, id, host, port, user, pass, epoch, active, reserved, owner =
+    match(raw, LIVE)
+  if not s or host == '' or tonumber(port) > 65535 then return nil end
   return {s = s, h = h, d13 = d13, u13 = u13, c13 = c13, loc = loc, host = host, port = port,
           user = user, pass = pass, epoch = epoch, active = active, reserved = reserved,
           owner = owner, p = p, r = r, c = c, u = u, e13 = e13, id = id}
