@@ -47,7 +47,7 @@ local function inventory(keys, argv)
   if spent > SPENT_READ then
     exact = 0
   elseif spent > 0 then
-    spent_in = spent_by_atom(call('ZRANGEBYSCORE', K.due, '-inf', NOW13), SPENT_READ)
+    spent_in = spent_by_atom(call('ZRANGEBYSCORE', K.due, '-inf', NOW13))
   end
   local scan = call('HSCAN', K.cnt, cursor, 'COUNT', page)
   local rows, fields = {}, scan[2]

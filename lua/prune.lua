@@ -57,16 +57,11 @@ local function prune(keys, argv)
   local records, held = 0, 0
   for i = 1, #ids do
     local id, raw = ids[i], stored[i] or nil
-    local loc = record_locator(raw, id)
-    local p, r, c, u, e13
-    if loc then p, r, c, u, e13 = split_locator(loc) else e13 = tombstone_expiry(raw) end
+    local e13
+    if i <= #spent then e13 = unindex_spent(w, ix, id, raw) else e13 = expiry_of(raw, id) end
     if not e13 then
       w.due_rem[#w.due_rem + 1] = id       -- no record this layout can read
     else
-      if p and i <= #spent then
-        ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
-        w.ax_rem[#w.ax_rem + 1] = loc
-      end
       if e13 <= NOW13 then
         w.due_rem[#w.due_rem + 1] = id
         w.rec_del[#w.rec_del + 1] = id

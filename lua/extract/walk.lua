@@ -5,23 +5,15 @@
 -- main: one chunk, so each part sees the locals of those before it.
 
 -- Takes the first `n` spent index entries (ids from the head of `due`) out
--- of the index, their locators read from their records.
+-- of the index, their records read in one HMGET.
 local function drain(w, ix, spent, n)
   local ids = {}
   for i = 1, min(n, #spent) do ids[i] = spent[i] end
-  local locs, raws = locators_of(ids)
+  local raws = chunked_read('HMGET', K.rec, ids)
   for i = 1, #ids do
-    local id, loc = ids[i], locs[i]
-    local p, r, c, u, e13
-    if loc then p, r, c, u, e13 = split_locator(loc) end
-    if p then
-      ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
-      push2(w.due_set, '1' .. e13, id)
-      w.ax_rem[#w.ax_rem + 1] = loc
-    else
-      e13 = tombstone_expiry(raws[i] or nil)
-      if e13 then push2(w.due_set, '1' .. e13, id) else w.due_rem[#w.due_rem + 1] = id end
-    end
+    local id = ids[i]
+    local e13 = unindex_spent(w, ix, id, raws[i] or nil)
+    if e13 then push2(w.due_set, '1' .. e13, id) else w.due_rem[#w.due_rem + 1] = id end
   end
 end
 
@@ -35,7 +27,7 @@ local function count_eligible(X, w, ix)
     drain(w, ix, spent, SPENT_DRAIN)
     return nil
   end
-  local spent_in = spent_by_atom(spent, SPENT_READ)
+  local spent_in = spent_by_atom(spent)
   if not (X.check and X.enumerate) then
     -- One grouping: its counters; several, walked (not enumerated): by
     -- inclusion and exclusion. Less the spent entries the filter matches.

@@ -362,6 +362,20 @@ local function indexed_now(records, ids)
   return out
 end
 
+-- The spent `due` entry of `id` (its record `raw`) leaves the index: its
+-- combination's count and its `ax` entry. Returns the record's expiry (13
+-- digits; a tombstone's too, which no count holds), nil when it has no
+-- record this layout reads.
+local function unindex_spent(w, ix, id, raw)
+  local loc = record_locator(raw, id)
+  if not loc then return tombstone_expiry(raw) end
+  local p, r, c, u, e13 = split_locator(loc)
+  if not p then return nil end
+  ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
+  w.ax_rem[#w.ax_rem + 1] = loc
+  return e13
+end
+
 -- Plans the writes that move one record from `old` (a decoded record, a
 -- tombstone {tomb = true, e13 = its expiry} or false), counted in band 0 when `was`, to
 -- `new` (a decoded record, or nil: deleted): its field, its `due` entry, its

@@ -88,20 +88,27 @@ local function record_locator(raw, id)
   return loc
 end
 
+-- The expiry (13 digits) of the record `raw` of `id`, live or a tombstone;
+-- nil when it is missing or damaged.
+local function expiry_of(raw, id)
+  local loc = record_locator(raw, id)
+  if not loc then return tombstone_expiry(raw) end
+  local _, _, _, _, e13 = split_locator(loc)
+  return e13
+end
+
 -- The locators of the records of `ids` (members of `due`), in one read:
--- false for an id without a live record (its raw records are returned too).
+-- false for an id without a live record.
 local function locators_of(ids)
   local raws = chunked_read('HMGET', K.rec, ids)
   local out = {}
   for i = 1, #ids do out[i] = record_locator(raws[i] or nil, ids[i]) or false end
-  return out, raws
+  return out
 end
 
--- How many of the first `n` ids of `spent` (members of `due`) each
--- combination counts: atom -> n, read from their records.
-local function spent_by_atom(spent, n)
-  local ids = {}
-  for i = 1, min(#spent, n) do ids[i] = spent[i] end
+-- How many of the spent entries `ids` (members of `due`) each combination
+-- counts: atom -> n, read from their records.
+local function spent_by_atom(ids)
   local locs = locators_of(ids)
   local by = {}
   for i = 1, #locs do
