@@ -300,6 +300,48 @@ async fn stall_timeline_runs_and_reports() {
     assert!(timeline["p99Us"].as_u64().unwrap() > 0);
 }
 
+/// `--stall-spread` lets the checks go stale one by one over the seconds
+/// before the stall: the backlog grows through them instead of appearing
+/// at once.
+#[tokio::test]
+async fn stall_spread_lets_the_pool_go_stale_over_time() {
+    let timeline = bench_json(&[
+        "--stall",
+        "--sizes",
+        "20k",
+        "--combinations",
+        "18",
+        "--stall-after",
+        "12",
+        "--stall-spread",
+        "2",
+        "--stall-seconds",
+        "1",
+        "--prune-every",
+        "0",
+        "--fresh-per-sec",
+        "100",
+        "--concurrency",
+        "1",
+    ])
+    .await;
+    let backlog = |t: i64| {
+        timeline["seconds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["t"].as_i64() == Some(t))
+            .map(|s| s["backlog"].as_u64().unwrap())
+            .unwrap_or_else(|| panic!("no second {t}: {timeline}"))
+    };
+    // Stale between t=-2 and t=0: none at the end of t=-4 (a second
+    // before), part at the end of t=-2 (one second in), more at the end
+    // of t=-1 (the stall).
+    assert_eq!(backlog(-4), 0, "{timeline}");
+    assert!(backlog(-2) > 0, "{timeline}");
+    assert!(backlog(-1) > backlog(-2), "{timeline}");
+}
+
 /// `--steady` runs extraction alone, then every writer beside it at each
 /// rate: the writers get through their items and take Redis time only
 /// while they run, the scheduled job runs, every answer is a 200, and no

@@ -64,7 +64,10 @@ async fn load_reports_each_line() {
     .join("\n");
     let (ok, stdout, stderr) = load(&h.redis.url(), &contents).await;
     assert!(ok, "{stderr}");
-    assert_eq!(stdout.trim(), "loaded 2, refreshed 0, rejected 3");
+    assert_eq!(
+        stdout.trim(),
+        "loaded 2, refreshed 0, rejected 3 (1 `protocol` must be one of http, https, socks5; 1 already expired (or past its safety margin); 1 not valid JSON)"
+    );
     assert!(stderr.contains("line 2: skipped"), "{stderr}");
     assert!(stderr.contains("line 4: skipped"), "{stderr}");
     assert!(
@@ -79,11 +82,39 @@ async fn load_reports_each_line() {
     assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids(), ["px_a"]);
     let (ok, stdout, stderr) = load(&h.redis.url(), &contents).await;
     assert!(ok);
-    assert_eq!(stdout.trim(), "loaded 0, refreshed 1, rejected 4");
+    assert_eq!(
+        stdout.trim(),
+        "loaded 0, refreshed 1, rejected 4 (1 `protocol` must be one of http, https, socks5; 1 already expired (or past its safety margin); 1 already extracted in its current TTL life; 1 not valid JSON)"
+    );
     assert!(
         stderr.contains("line 1: skipped: already extracted"),
         "{stderr}"
     );
+}
+
+/// A file of many bad lines reads as the first 20 named by number and a
+/// count by reason, not a message a line; none of their contents shows.
+#[tokio::test]
+async fn load_names_the_first_bad_lines_and_counts_the_rest() {
+    let h = Harness::start().await;
+    let mut contents: Vec<String> = (0..60).map(|i| format!("LOADPW-{i} not json")).collect();
+    contents.push(line("px_kept", 600_000));
+    contents.extend((0..40).map(|i| format!(r#"{{"id":"px_{i}","LOADPW":1}}"#)));
+    let (ok, stdout, stderr) = load(&h.redis.url(), &contents.join("\n")).await;
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "loaded 1, refreshed 0, rejected 100 (60 not valid JSON; 40 unknown field `LOADPW`)"
+    );
+    let named = stderr.lines().filter(|l| l.starts_with("line ")).count();
+    assert_eq!(named, 20, "{stderr}");
+    assert!(stderr.contains("line 20: skipped"), "{stderr}");
+    assert!(!stderr.contains("line 21:"), "{stderr}");
+    assert!(
+        stderr.contains("further skipped lines are only counted"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("LOADPW-"), "{stderr}");
 }
 
 /// `load` from standard input, and a clear failure when Redis is absent.
@@ -151,7 +182,7 @@ async fn health_results_from_json_lines() {
     assert!(ok, "{stderr}");
     assert_eq!(
         stdout.trim(),
-        "recorded 600, refused 2 (stale 1, unknown 1), rejected 1"
+        "recorded 600, refused 2 (stale 1, unknown 1), rejected 1 (1 not a health result)"
     );
     assert!(stderr.contains("line 603: skipped"), "{stderr}");
     assert!(!stderr.contains("SECRET"), "{stderr}");
@@ -191,7 +222,10 @@ async fn worker_commands_from_json_lines() {
     for (id, printed) in claimed.iter().zip(&out) {
         assert_eq!(*printed, format!("ok {id} (epoch 1)"));
     }
-    assert_eq!(out[150], "claimed 150, refused 1 (unknown 1), rejected 1");
+    assert_eq!(
+        out[150],
+        "claimed 150, refused 1 (unknown 1), rejected 1 (1 not a claim)"
+    );
     assert!(err.contains("line 152: skipped: not a claim"), "{err}");
     assert!(!err.contains("SECRET"), "{err}");
 

@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 use crate::cli::{AckArgs, ClaimArgs, HealthArgs, HolderArgs, PoolArgs, TargetArgs};
 use crate::cli::{CliResult, operator_pool};
 use crate::output::say;
+use crate::skipped::Skipped;
 
 /// `health`: one result, or with the id `-` many, as JSON lines.
 pub async fn health(args: HealthArgs) -> CliResult {
@@ -319,10 +320,7 @@ async fn apply_lines<L: DeserializeOwned>(
             .and_then(&to_op);
         match parsed {
             Ok(op) => batch.push(op),
-            Err(why) => {
-                eprintln!("line {number}: skipped: {why}");
-                tally.rejected += 1;
-            }
+            Err(why) => tally.rejected.skip(number, &why),
         }
         if batch.len() == CONTRACT_BATCH {
             tally.record(&pool, &mut batch, lines.print_each).await?;
@@ -350,7 +348,7 @@ async fn apply_lines<L: DeserializeOwned>(
         } else {
             format!(" ({})", refused.join(", "))
         },
-        tally.rejected
+        tally.rejected.summary()
     );
     Ok(())
 }
@@ -360,7 +358,7 @@ async fn apply_lines<L: DeserializeOwned>(
 struct Verdicts {
     applied: usize,
     refused: BTreeMap<&'static str, usize>,
-    rejected: usize,
+    rejected: Skipped,
 }
 
 impl Verdicts {

@@ -9,6 +9,7 @@ use proxy_pool::pool::{NewProxy, PoolContract, PoolError, RedisPool, UpsertStatu
 use crate::cli::{CliResult, operator_pool};
 use crate::cli::{LoadArgs, LoadDemoArgs};
 use crate::output::say;
+use crate::skipped::Skipped;
 
 /// Lines parsed per upsert round trip.
 const LOAD_BATCH: usize = 500;
@@ -38,7 +39,7 @@ pub async fn load(args: LoadArgs) -> CliResult {
         }
         match NewProxy::from_json_line(&line, now_ms()) {
             Ok(p) => batch.push((number, p)),
-            Err(why) => tally.reject(number, &why.to_string()),
+            Err(why) => tally.rejected.skip(number, &why.to_string()),
         }
         if batch.len() == LOAD_BATCH {
             tally.apply(&pool, &mut batch).await?;
@@ -55,7 +56,7 @@ pub async fn load(args: LoadArgs) -> CliResult {
         "loaded {}, refreshed {}, rejected {}",
         tally.added,
         tally.refreshed,
-        tally.rejected
+        tally.rejected.summary()
     );
     Ok(())
 }
@@ -92,15 +93,10 @@ pub async fn load_demo(args: LoadDemoArgs) -> CliResult {
 struct Tally {
     added: usize,
     refreshed: usize,
-    rejected: usize,
+    rejected: Skipped,
 }
 
 impl Tally {
-    fn reject(&mut self, line: usize, why: &str) {
-        self.rejected += 1;
-        eprintln!("line {line}: skipped: {why}");
-    }
-
     async fn apply(
         &mut self,
         pool: &RedisPool,
@@ -112,12 +108,12 @@ impl Tally {
             match status {
                 UpsertStatus::Added => self.added += 1,
                 UpsertStatus::Refreshed => self.refreshed += 1,
-                UpsertStatus::Extracted => {
-                    self.reject(*line, "already extracted in its current TTL life")
-                }
-                UpsertStatus::Expired => {
-                    self.reject(*line, "already expired (or past its safety margin)")
-                }
+                UpsertStatus::Extracted => self
+                    .rejected
+                    .skip(*line, "already extracted in its current TTL life"),
+                UpsertStatus::Expired => self
+                    .rejected
+                    .skip(*line, "already expired (or past its safety margin)"),
             }
         }
         batch.clear();

@@ -9,7 +9,8 @@
 //! [`credentials`] (`hash-credential`), [`clients`] (`clients
 //! add|rotate|revoke|list|import`), [`aggregates`] (`aggregates flush`,
 //! `usage`) and [`bench`]. Their standard output goes through [`output`],
-//! so a reader that goes away ends a command quietly with status 0.
+//! so a reader that goes away ends a command quietly with status 0; the
+//! lines of standard input they skip are counted in [`skipped`].
 
 mod aggregates;
 mod bench;
@@ -21,6 +22,7 @@ mod inventory;
 mod load;
 mod output;
 mod serve;
+mod skipped;
 mod stats;
 
 use std::process::ExitCode;

@@ -112,18 +112,24 @@ pub struct BenchArgs {
     pub ping_every_ms: Option<u64>,
     /// Instead of the cells: the stale-backlog timeline. Fill N (the first
     /// --sizes, default 1M) proxies of the first --combinations whose health
-    /// checks all go stale at one instant after the fill, then per second:
+    /// checks all go stale at one instant after the fill (or over the
+    /// --stall-spread seconds up to it), then per second:
     /// a Controller adding fresh proxies, extraction clients (count=1,
     /// partial and allOrNothing), the scheduled prune.
     #[arg(long)]
     pub stall: bool,
     /// --stall: seconds from the start of the fill to the stall (default:
-    /// N / 5000 + 10; the fill must end before it).
+    /// N / 5000 + 10 + --stall-spread; the fill must end before it).
     #[arg(long)]
     pub stall_after: Option<f64>,
     /// --stall: seconds measured after the stall (default 60).
     #[arg(long)]
     pub stall_seconds: Option<u64>,
+    /// --stall: the health checks go stale over this many seconds up to
+    /// the stall, each proxy at its own instant (default 0: all at the
+    /// stall's instant, so that every deadline ties)
+    #[arg(long)]
+    pub stall_spread: Option<u64>,
     /// --stall: fresh proxies the Controller adds per second (default 2000).
     #[arg(long)]
     pub fresh_per_sec: Option<u64>,
@@ -271,7 +277,10 @@ impl BenchArgs {
         if args.stall {
             let n = plan.sizes.first().copied().unwrap_or(1_000_000);
             let mut stall = StallPlan::for_pool(n);
-            stall.after_seconds = args.stall_after.unwrap_or(stall.after_seconds);
+            stall.spread_seconds = args.stall_spread.unwrap_or(stall.spread_seconds);
+            stall.after_seconds = args
+                .stall_after
+                .unwrap_or(stall.after_seconds + stall.spread_seconds as f64);
             stall.lead_seconds = stall.lead_seconds.min((stall.after_seconds / 3.0) as u64);
             stall.seconds = args.stall_seconds.unwrap_or(stall.seconds);
             stall.fresh_per_sec = args.fresh_per_sec.unwrap_or(stall.fresh_per_sec);
@@ -290,11 +299,12 @@ impl BenchArgs {
             plan.stall = Some(stall);
         } else if args.stall_after.is_some()
             || args.stall_seconds.is_some()
+            || args.stall_spread.is_some()
             || args.fresh_per_sec.is_some()
             || args.prune_every.is_some()
         {
             return Err(
-                "--stall-after, --stall-seconds, --fresh-per-sec and --prune-every go with --stall"
+                "--stall-after, --stall-seconds, --stall-spread, --fresh-per-sec and --prune-every go with --stall"
                     .into(),
             );
         }

@@ -72,12 +72,12 @@ impl Bench {
     }
 
     /// Adds `n` fresh synthetic proxies, several upsert calls in flight;
-    /// their last health check at `checked_at` (Unix ms; default: now).
+    /// their last health check at `checks` (default: now).
     pub(super) async fn add(
         &self,
         n: usize,
         show: bool,
-        checked_at: Option<i64>,
+        checks: Option<Checks>,
     ) -> Result<(), BenchError> {
         let first = self.next_seq.fetch_add(n as u64, Ordering::Relaxed);
         let now = proxy_pool::clock::now_ms();
@@ -99,7 +99,7 @@ impl Bench {
                     let batch: Vec<NewProxy> = (from..from + len as u64)
                         .map(|seq| {
                             let mut p = synthetic_proxy(seq as usize, now, shape);
-                            p.health_checked_at = checked_at.unwrap_or(now);
+                            p.health_checked_at = checks.map_or(now, |c| c.of(seq));
                             if matched.as_ref().is_some_and(|m| m(&p)) {
                                 p.expires_at += 1_800_000;
                                 p.usable_until += 1_800_000;
@@ -142,5 +142,26 @@ impl Bench {
             self.add(target - have, false, None).await?;
         }
         Ok(())
+    }
+}
+
+/// When the synthetic proxies of one [`Bench::add`] were last checked.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Checks {
+    /// The latest check, Unix ms.
+    pub last_ms: i64,
+    /// The checks spread over this many ms up to `last_ms` (0: all at it),
+    /// by a hash of the proxy's sequence number.
+    pub spread_ms: i64,
+}
+
+impl Checks {
+    /// The check time of the proxy numbered `seq`.
+    fn of(self, seq: u64) -> i64 {
+        if self.spread_ms <= 0 {
+            return self.last_ms;
+        }
+        let mix = seq.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 24;
+        self.last_ms - (mix % (self.spread_ms as u64 + 1)) as i64
     }
 }

@@ -95,8 +95,9 @@ pub struct Plan {
 }
 
 /// The stale-backlog timeline (`--stall`): a pool of N whose health
-/// checks all go stale at one instant, then a Controller, extraction
-/// clients and the scheduled prune, second by second.
+/// checks all go stale by one instant (at it, or spread over the seconds
+/// before it), then a Controller, extraction clients and the scheduled
+/// prune, second by second.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StallPlan {
@@ -107,6 +108,9 @@ pub struct StallPlan {
     /// Seconds measured before it (5, or a third of `after_seconds` if
     /// less).
     pub lead_seconds: u64,
+    /// The health checks go stale over this many seconds up to the stall
+    /// (0: all at its instant, so that their deadlines tie).
+    pub spread_seconds: u64,
     /// Fresh proxies the Controller adds per second.
     pub fresh_per_sec: u64,
     /// Extraction clients (count=1; every other request allOrNothing).
@@ -123,6 +127,7 @@ impl StallPlan {
             after_seconds: n as f64 / 5_000.0 + 10.0,
             seconds: 60,
             lead_seconds: 5,
+            spread_seconds: 0,
             fresh_per_sec: 2_000,
             clients: 8,
             prune_every: 10,

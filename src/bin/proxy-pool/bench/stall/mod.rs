@@ -4,8 +4,10 @@
 //! them. This fills N proxies whose last health check makes them all stale
 //! at one instant shortly after the fill ends (the bench's policy is
 //! maxHealthCheckAge 3,600 s: their `healthCheckedAt` is set 3,600 s
-//! before that instant), then, from a few seconds before it to
-//! `seconds` after it:
+//! before that instant), or each at its own instant over the
+//! `spread_seconds` up to it (`--stall-spread`: a checker that stops, its
+//! last results stamped one by one), then, from a few seconds before the
+//! stall to `seconds` after it:
 //!
 //! * a Controller adds fresh proxies at a steady rate (a batch every
 //!   20 ms, through `lua/upsert.lua`, as the bench's fills do);
@@ -39,6 +41,7 @@ use tokio::task::JoinSet;
 
 use super::caller::Caller;
 use super::figures::{percentile, returned};
+use super::fill::Checks;
 use super::plan::{Plan, StallPlan};
 use super::progress::Progress;
 use super::report::human;
@@ -80,32 +83,42 @@ pub async fn run(plan: Plan, target: Target, progress: Progress) -> Result<Timel
     } = stage(&plan, target, progress).await?;
     let slowlog = SlowlogConfig::set(&bench.conn).await;
 
-    // The fill: every health check 3,600 s before the stall instant.
+    // The fill: every health check 3,600 s before the stall instant (or
+    // spread over the seconds up to that).
     let fill_start_ms = proxy_pool::clock::now_ms();
     let stall_ms = fill_start_ms + (stall.after_seconds * 1000.0) as i64;
     bench.progress.start(
         n as u64,
         format!(
-            "filling {} proxies over {} combinations ({shape}), stale together {:.0} s after the fill started",
+            "filling {} proxies over {} combinations ({shape}), stale {} {:.0} s after the fill started",
             human(n),
             shape.combinations(),
+            if stall.spread_seconds == 0 {
+                "together".to_string()
+            } else {
+                format!("one by one over the {} s up to", stall.spread_seconds)
+            },
             stall.after_seconds
         ),
     );
     let started = Instant::now();
-    bench
-        .add(n, true, Some(stall_ms - HEALTH_AGE_MS - 1))
-        .await?;
+    let spread_ms = (stall.spread_seconds as i64) * 1000;
+    let checks = Checks {
+        last_ms: stall_ms - HEALTH_AGE_MS - 1,
+        spread_ms,
+    };
+    bench.add(n, true, Some(checks)).await?;
     let fill_seconds = started.elapsed().as_secs_f64();
     let fill_end_ms = proxy_pool::clock::now_ms();
     let indexed: u64 = redis::cmd("ZCARD")
         .arg(bench.pool.keys().index())
         .query_async(&mut bench.conn.clone())
         .await?;
-    if fill_end_ms + (stall.lead_seconds as i64) * 1000 >= stall_ms || indexed != n as u64 {
+    let margin_seconds = stall.lead_seconds + stall.spread_seconds;
+    if fill_end_ms + (margin_seconds as i64) * 1000 >= stall_ms || indexed != n as u64 {
         return Err(BenchError::Failed(format!(
-            "the fill took {fill_seconds:.1} s ({indexed} of {n} indexed): it must end {} s before the stall; raise --stall-after (now {:.0})",
-            stall.lead_seconds, stall.after_seconds
+            "the fill took {fill_seconds:.1} s ({indexed} of {n} indexed): it must end {margin_seconds} s before the stall; raise --stall-after (now {:.0})",
+            stall.after_seconds
         )));
     }
     bench.progress.note(format!(

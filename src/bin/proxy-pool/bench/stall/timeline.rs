@@ -115,7 +115,7 @@ impl Timeline {
             .unwrap_or_else(|| StallPlan::for_pool(self.pool));
         let _ = writeln!(
             out,
-            "proxy-pool bench --stall: redis {}, N={} ({}, {} combinations) filled in {:.1} s, every health check stale at t=0 ({:.1} s after the fill); {} clients count=1 (partial / allOrNothing alternately), a Controller adding {}/s, the scheduled prune (batch {}, budget {} s) every {} s from t={}; another client PINGs every {} ms",
+            "proxy-pool bench --stall: redis {}, N={} ({}, {} combinations) filled in {:.1} s, every health check stale {} ({:.1} s after the fill); {} clients count=1 (partial / allOrNothing alternately), a Controller adding {}/s, the scheduled prune (batch {}, budget {} s) every {} s from t={}; another client PINGs every {} ms",
             self.redis_version,
             human(self.pool),
             self.shape,
@@ -124,6 +124,11 @@ impl Timeline {
                 .first()
                 .map_or(0, |c| c.combinations()),
             self.fill_seconds,
+            if stall.spread_seconds == 0 {
+                "at t=0".to_string()
+            } else {
+                format!("from t=-{} to t=0, one by one", stall.spread_seconds)
+            },
             self.idle_seconds + stall.lead_seconds as f64,
             stall.clients,
             stall.fresh_per_sec,
