@@ -399,6 +399,26 @@ async fn run(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// `prune` takes the batch its calls use (1-1000) and says what it
+/// removed, in how many calls of that batch and how long.
+#[tokio::test]
+async fn prune_takes_a_batch_and_reports_its_calls() {
+    let h = Harness::start().await;
+    let url = h.redis.url();
+    let (ok, out, err) = run(&["prune", "--redis-url", &url, "--batch", "7"]).await;
+    assert!(ok, "{err}");
+    let line = out.trim();
+    assert!(
+        line.starts_with("pruned 0 expired proxies and tombstones, 0 spent index entries and 0 idempotency records in 1 calls of batch 7, "),
+        "{line}"
+    );
+    assert!(line.ends_with(" s"), "{line}");
+    for bad in ["0", "1001", "many"] {
+        let (ok, _, err) = run(&["prune", "--redis-url", &url, "--batch", bad]).await;
+        assert!(!ok && err.contains("--batch"), "{bad}: {err}");
+    }
+}
+
 /// The contract subcommands as an operator scripts them: claim prints the
 /// epoch, a stale holder is refused with a non-zero exit, and stats shows
 /// the inventory as a table and as JSON.

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use proxy_pool::config::Config;
 use proxy_pool::local::PoolShape;
-use proxy_pool::pool::{PoolName, RedisPool};
+use proxy_pool::pool::{MAX_PRUNE_BATCH, PoolName, RedisPool};
 
 use crate::bench::args::BenchArgs;
 use crate::bench::plan::parse_size;
@@ -38,7 +38,7 @@ pub enum Command {
     Stats(StatsArgs),
     /// Remove proxies whose TTL life is over, and index entries past their
     /// safety margin or PROXY_POOL_MAX_HEALTH_CHECK_AGE_SECONDS, in bounded batches.
-    Prune(PoolArgs),
+    Prune(PruneArgs),
     /// Record a health check result (the health checker); the id `-`:
     /// many, as JSON lines from standard input.
     Health(HealthArgs),
@@ -272,6 +272,21 @@ pub fn operator_pool(args: &PoolArgs) -> Result<(Config, RedisPool), Box<dyn std
     config.pool_name = args.pool_name.clone();
     let pool = RedisPool::with_options(&args.redis_url, &config.redis_options())?;
     Ok((config, pool))
+}
+
+/// `prune`.
+#[derive(Args)]
+pub struct PruneArgs {
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// Entries each script call examines per sweep, 1-1000 (the scheduled
+    /// job uses 128: shorter calls, more of them).
+    #[arg(
+        long,
+        default_value_t = MAX_PRUNE_BATCH,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PRUNE_BATCH))
+    )]
+    pub batch: u32,
 }
 
 /// `stats`.

@@ -1,12 +1,14 @@
 //! Looking after the pool: `stats` (the inventory: a summary line, then
 //! every combination or groups of them, as a table; or JSON) and `prune`.
 
+use std::time::Instant;
+
 use proxy_pool::clock::rfc3339;
-use proxy_pool::pool::{EXPIRING_WITHIN, MAX_PRUNE_BATCH, Maintenance};
+use proxy_pool::pool::{EXPIRING_WITHIN, Maintenance};
 use serde_json::json;
 
 use crate::cli::{CliResult, operator_pool};
-use crate::cli::{PoolArgs, StatsArgs};
+use crate::cli::{PruneArgs, StatsArgs};
 use crate::inventory::{Counts, Dimension, Group, Inventory, Rest, group, top};
 use crate::output::{say, table};
 
@@ -148,18 +150,22 @@ fn merge_counts(doc: &mut serde_json::Value, counts: &Counts) {
     }
 }
 
-/// `prune`.
-pub async fn prune(args: PoolArgs) -> CliResult {
-    let (_, pool) = operator_pool(&args)?;
+/// `prune`: until nothing is left, then what it removed, in how many
+/// calls and how long.
+pub async fn prune(args: PruneArgs) -> CliResult {
+    let (_, pool) = operator_pool(&args.pool)?;
+    let started = Instant::now();
     let report = Maintenance::new(&pool)
-        .prune_expired(MAX_PRUNE_BATCH, u32::MAX, None)
+        .prune_expired(args.batch, u32::MAX, None)
         .await?;
     say!(
-        "pruned {} expired proxies and tombstones, {} spent index entries and {} idempotency records in {} calls",
+        "pruned {} expired proxies and tombstones, {} spent index entries and {} idempotency records in {} calls of batch {}, {:.2} s",
         report.records,
         report.index_entries,
         report.idempotency_records,
-        report.batches
+        report.batches,
+        args.batch,
+        started.elapsed().as_secs_f64()
     );
     Ok(())
 }
