@@ -155,21 +155,23 @@ local function contract(keys, argv)
       end
     end
   end
-  local before, current, order = {}, {}, {}
+  local before, bare, order = {}, {}, {}
   for i = 1, #ids do
     local id = ids[i]
     if before[id] == nil and not fast[id] then
       local raw = stored[i] or nil
       local live = decode(raw)
-      local gone = not live and tombstone_expiry(raw)
-      if raw and not live and not gone then
+      if raw and not live then
         return redis.error_reply('ERR damaged pool: unreadable record')
       end
-      before[id] = live or (gone and {tomb = true, e13 = gone}) or false
-      current[id] = before[id]
+      before[id] = live or false
+      bare[id] = not raw
       order[#order + 1] = id
     end
   end
+  local was = read_due(before, order, bare)
+  local current = {}
+  for i = 1, #order do current[order[i]] = before[order[i]] end
 
   local reply = {NOW}
   for i = 2, #argv, 6 do
@@ -195,7 +197,6 @@ local function contract(keys, argv)
   end
 
   local ix = new_changes()
-  local was = indexed_now(before, order)
   local held = 0
   for _, id in ipairs(order) do
     local old, new = before[id], current[id]

@@ -23,9 +23,9 @@
 --   1. due, band 0 up to now: spent entries leave the index (ax, counts,
 --      heads) and are scored by their expiry (band 1); those whose expiry
 --      passed too are ended at once (2.)
---   2. due, band 1 up to 1e13 + now: records and tombstones whose expiry
---      passed are deleted; a `due` entry without a readable record only
---      goes itself
+--   2. due, band 1 up to 1e13 + now: records and tombstones (a band-1
+--      entry without a record) whose expiry passed are deleted; an entry
+--      with a damaged record only goes itself
 --   3. idemx up to now: idempotency records out of force
 -- Every read and decision happens before the first write.
 
@@ -60,7 +60,10 @@ local function prune(keys, argv)
     local e13
     if i <= #spent then e13 = unindex_spent(w, ix, id, raw) else e13 = expiry_of(raw, id) end
     if not e13 then
-      w.due_rem[#w.due_rem + 1] = id       -- no record this layout can read
+      -- No record this layout can read: in band 1 without a field, a
+      -- tombstone whose expiry passed.
+      w.due_rem[#w.due_rem + 1] = id
+      if i > #spent and not raw then records = records + 1 end
     else
       if e13 <= NOW13 then
         w.due_rem[#w.due_rem + 1] = id

@@ -50,19 +50,21 @@ local function upsert(keys, argv)
   local stored = chunked_read('HMGET', K.rec, ids)
 
   -- What each id holds before the call: a live record, a tombstone (its
-  -- expiry), or nothing (a damaged value counts as nothing: it is replaced).
-  local before, current, order = {}, {}, {}
+  -- expiry, from `due`), or nothing (a damaged value counts as nothing: it
+  -- is replaced); and whether a live one is indexed now.
+  local before, bare, order = {}, {}, {}
   for i = 1, #ids do
     local id = ids[i]
     if before[id] == nil then
       local raw = stored[i] or nil
-      local live = decode(raw)
-      local gone = not live and tombstone_expiry(raw)
-      before[id] = live or (gone and {tomb = true, e13 = gone}) or false
-      current[id] = before[id]
+      before[id] = decode(raw) or false
+      bare[id] = not raw
       order[#order + 1] = id
     end
   end
+  local was = read_due(before, order, bare)
+  local current = {}
+  for i = 1, #order do current[order[i]] = before[order[i]] end
 
   -- Decide every item in order, as if each were its own call.
   local statuses = {NOW}
@@ -88,7 +90,6 @@ local function upsert(keys, argv)
 
   -- The writes, from each record's state before the call to its state after.
   local w, ix = new_writes(), new_changes()
-  local was = indexed_now(before, order)
   for _, id in ipairs(order) do
     local old, new = before[id], current[id]
     if new ~= old then move_record(w, ix, id, old, was[id], new) end

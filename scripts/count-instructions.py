@@ -289,10 +289,10 @@ def print_areas(path, calls):
 
 def phases(port, pid, workdir, calls):
     """Prints the phase profile of each PHASE_CASES case."""
-    policy = cli(port, "HGET", "{pp}:v3:cnt", "meta").split("|", 1)[1]
+    policy = cli(port, "HGET", "{pp}:v4:cnt", "meta").split("|", 1)[1]
     subprocess.run(["redis-cli", "-p", str(port), "-x", "FUNCTION", "LOAD", "REPLACE"],
                    input=probe_library(), capture_output=True, text=True, check=True)
-    keys = [f"{{pp}}:v3:{k}" for k in POOL_KEYS]
+    keys = [f"{{pp}}:v4:{k}" for k in POOL_KEYS]
     print(f"\nFCALL by phase ({calls} calls a case, a call after the first: mean, and median; "
           "each phase less one marker; 'commands': its Redis commands, scriptCall inclusive)")
     for name, body in PHASE_CASES:

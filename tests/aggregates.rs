@@ -262,14 +262,9 @@ async fn a_damaged_counter_hash_never_fails_an_extraction() {
     let reply = h.extract(r#"{"count":2}"#, &[]).await;
     assert_eq!(reply.ids().len(), 2);
     for id in reply.ids() {
-        let record: String = redis::cmd("HGET")
-            .arg(keys::RECORDS)
-            .arg(&id)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert!(
-            record.starts_with('X'),
+        assert_eq!(
+            common::stored_status(&mut conn, &id).await,
+            Some("EXTRACTED"),
             "{id} was handed out but is still in the pool"
         );
     }

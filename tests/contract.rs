@@ -304,13 +304,13 @@ async fn a_pool_left_alone_is_emptied_by_the_prune() {
     assert!(report.complete && report.records > 0, "{report:?}");
     let mut conn = h.redis().await;
     let left: Vec<String> = redis::cmd("KEYS")
-        .arg("{pp}:v3:*")
+        .arg("{pp}:v4:*")
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(left, ["{pp}:v3:cnt"], "only cnt is left (its meta and enc)");
+    assert_eq!(left, ["{pp}:v4:cnt"], "only cnt is left (its meta and enc)");
     let mut fields: Vec<String> = redis::cmd("HKEYS")
-        .arg("{pp}:v3:cnt")
+        .arg("{pp}:v4:cnt")
         .query_async(&mut conn)
         .await
         .unwrap();

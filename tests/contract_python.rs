@@ -1,4 +1,4 @@
-//! The public contract library (`proxy_pool_v2`) as programs in other
+//! The public contract library (`proxy_pool_v3`) as programs in other
 //! languages call it: a Python health checker, Controller and Worker
 //! (`tests/python/contract_client.py`, redis-py's `fcall` and nothing
 //! else) works on a pool the Rust side loaded, and the Rust side sees the

@@ -316,7 +316,7 @@ async fn idempotent_replay_and_key_reuse() {
 }
 
 /// The idempotency record is in force for its window (recorded in
-/// `{pp}:v3:idemx`, no Redis TTL); after it the key is new.
+/// `{pp}:v4:idemx`, no Redis TTL); after it the key is new.
 #[tokio::test]
 async fn idempotency_record_lives_for_its_window() {
     let h = Harness::with_config(|c| c.idempotency_ttl = Duration::from_secs(1)).await;
@@ -365,7 +365,7 @@ async fn refresh_never_resurrects_an_extracted_proxy() {
     assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids(), ["r-0001"]);
 }
 
-/// The heads (`{pp}:v3:hd`) keep first-expired, first-out across the
+/// The heads (`{pp}:v4:hd`) keep first-expired, first-out across the
 /// ranges of a many-range request when proxies expiring sooner arrive
 /// later; a head moved behind the index's back only delays its entries,
 /// and the walk that meets it sets it right.

@@ -149,21 +149,25 @@ async fn assert_removed(conn: &mut MultiplexedConnection, ids: &[String]) {
         .unwrap();
     let indexed: HashSet<&str> = index.iter().filter_map(|m| m.rsplit('|').next()).collect();
     for chunk in ids.chunks(500) {
-        let records: Vec<Option<String>> = redis::cmd("HMGET")
+        let (records, due): (Vec<Option<String>>, Vec<Option<f64>>) = redis::pipe()
+            .cmd("HMGET")
             .arg(keys::RECORDS)
+            .arg(chunk)
+            .cmd("ZMSCORE")
+            .arg(keys::DUE)
             .arg(chunk)
             .query_async(conn)
             .await
             .unwrap();
-        for (id, record) in chunk.iter().zip(records) {
+        for ((id, record), score) in chunk.iter().zip(records).zip(due) {
             assert!(
                 !indexed.contains(id.as_str()),
                 "{id} answered but still allocatable"
             );
-            let record = record.unwrap_or_else(|| panic!("{id} has no record"));
+            assert!(record.is_none(), "{id} answered but its details remain");
             assert!(
-                record.starts_with('X') && !record.contains('\t'),
-                "{id} answered but not a tombstone"
+                score.is_some_and(|s| s >= 1e13),
+                "{id} answered but not a tombstone (due {score:?})"
             );
         }
     }
@@ -306,8 +310,9 @@ async fn invariants_hold_under_redis_faults() {
     let mut conn = h.redis().await;
     let ids: Vec<String> = ledger.owner.keys().cloned().collect();
     let live: Vec<String> = {
-        let present: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(keys::RECORDS)
+        // Known to it: a record or a tombstone, each a `due` member.
+        let present: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+            .arg(keys::DUE)
             .arg(&ids)
             .query_async(&mut conn)
             .await

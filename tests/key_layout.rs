@@ -247,7 +247,7 @@ fn the_scripts_and_the_contract_take_the_pool_keys_in_order() {
         .split(',')
         .map(|n| n.trim().trim_matches('\''))
         .collect();
-    let bound: Vec<String> = names.iter().map(|n| format!("{{pp}}:v3:{n}")).collect();
+    let bound: Vec<String> = names.iter().map(|n| format!("{{pp}}:v4:{n}")).collect();
     assert_eq!(bound, keys::POOL, "POOL_KEYS in lua/prelude/base.lua");
     for file in files(&root().join("lua"), "lua") {
         let source = std::fs::read_to_string(&file).unwrap();
@@ -429,12 +429,12 @@ fn every_key_name_written_anywhere_is_documented() {
         unknown.join("\n")
     );
     // The scan tells a documented name from an undocumented one.
-    let sample = "`{pp}:v3:due`, `{{pp}}:ix:live`, {pp}:usage:<hour A>, {pp}:rl:*, {pp}:proxies.";
+    let sample = "`{pp}:v4:due`, `{{pp}}:ix:live`, {pp}:usage:<hour A>, {pp}:rl:*, {pp}:proxies.";
     let names: Vec<String> = mentions(sample).into_iter().map(|(_, n)| n).collect();
     assert_eq!(
         names,
         [
-            "{pp}:v3:due",
+            "{pp}:v4:due",
             "{pp}:ix:live",
             "{pp}:usage:<hour A>",
             "{pp}:rl:*",

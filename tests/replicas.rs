@@ -19,13 +19,7 @@ use proxy_pool::pool::{
 use redis::aio::MultiplexedConnection;
 
 async fn record_status(conn: &mut MultiplexedConnection, id: &str) -> Option<String> {
-    let raw: Option<String> = redis::cmd("HGET")
-        .arg(keys::RECORDS)
-        .arg(id)
-        .query_async(conn)
-        .await
-        .unwrap();
-    raw.map(|r| common::status_of(&r).to_owned())
+    common::stored_status(conn, id).await.map(str::to_owned)
 }
 
 /// With `PROXY_POOL_REPLICA_ACKS=1` over a primary and one replica: a 200

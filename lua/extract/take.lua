@@ -58,11 +58,15 @@ local function walked_changes(X, w, ix, taking, known)
     local scores = call('ZMSCORE', K.due, unpack(ids))
     for i = 1, #junk do
       local m, atom, key, raw = junk[i][1], junk[i][2], junk[i][3], junk[i][4]
-      local own = not raw or record_locator(raw, ids[i]) == m or tombstone_expiry(raw) == sub(key, 1, 13)
+      local own = not raw or record_locator(raw, ids[i]) == m
       local score = own and tonumber(scores[i]) or nil
       ix_remove(ix, atom, key, score ~= nil and score < 1e13)
-      if score then
-        if raw then push2(w.due_set, '1' .. sub(key, 1, 13), ids[i]) else w.due_rem[#w.due_rem + 1] = ids[i] end
+      -- Its own record leaves band 0; without one, a band-0 entry dangles
+      -- (it goes), a band-1 one is a tombstone (it stays).
+      if raw and score then
+        push2(w.due_set, '1' .. sub(key, 1, 13), ids[i])
+      elseif score and score < 1e13 then
+        w.due_rem[#w.due_rem + 1] = ids[i]
       end
     end
   end
@@ -131,7 +135,7 @@ local function taken_changes(X, w, ix, walked)
   for i = 1, X.found do
     local m = X.taken_m[i]
     local id = X.taken_id[i]
-    push2(w.rec_set, id, 'X' .. sub(m, -#id - 14, -#id - 2))
+    w.rec_del[#w.rec_del + 1] = id
     if not walked then
       local p, r, c, u, e13 = split_locator(m)
       ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
@@ -284,7 +288,7 @@ local function take_first(X)
   local refused = pcall_redis('ZADD', K.due, '1' .. sub(first, from, from + 12), id)
   if type(refused) == 'table' and refused.err then return refused end
   call('ZREM', K.ax, first)
-  call('HSET', K.rec, id, 'X' .. sub(first, from, from + 12))
+  call('HDEL', K.rec, id)
   if #del > 0 then call('HDEL', K.cnt, del[1]) end
   call('HSET', K.cnt, unpack(set))
   call('ZREM', K.hd, heads_of(atom, p, r, c, u, key))

@@ -6,8 +6,8 @@
 -- refused (src/pool/scripts.rs). Its top level only defines.
 --
 -- The pool keys are KEYS[1..7] of every pool script, in the order of
--- POOL_KEYS below: {pp}:v3:rec, {pp}:v3:due, {pp}:v3:ax, {pp}:v3:hd,
--- {pp}:v3:cnt, {pp}:v3:idem, {pp}:v3:idemx ({pp} is the pool's hash tag).
+-- POOL_KEYS below: {pp}:v4:rec, {pp}:v4:due, {pp}:v4:ax, {pp}:v4:hd,
+-- {pp}:v4:cnt, {pp}:v4:idem, {pp}:v4:idemx ({pp} is the pool's hash tag).
 -- docs/data-model.md ("The keys") describes each: its type, its fields or
 -- members, and its TTL: none, so that a volatile-* eviction policy never
 -- evicts one; what expires is removed by the scripts.
@@ -36,7 +36,7 @@ local function bind_keys(keys)
 end
 
 -- This layout's version, recorded in the meta field with the policy.
-local LAYOUT = '3'
+local LAYOUT = '4'
 -- Most arguments sent to one command (Lua's unpack limit is ~8000).
 local CHUNK = 1000
 local MAX_MS = 9999999999999

@@ -3,8 +3,9 @@
 --
 -- Every record has one entry in due, its id: a record is indexed when it
 -- is indexable (prelude/record.lua) as it is written, and its id then
--- scores its deadline D (band 0, "counted"; a record not indexed, a
--- tombstone included, scores 1e13 + its expiry: band 1); its locator is
+-- scores its deadline D (band 0, "counted"; a record not indexed scores
+-- 1e13 + its expiry: band 1, and so does a tombstone, which is that
+-- member alone, without a record); its locator is
 -- in its combination's slice of ax (a combination,
 -- "atom", is "<p>|<r>|<c>|<u>"); cnt counts it, and the first entry of
 -- each slice (its atom's "head", "<expiry>|<id>") is in hd once per
@@ -344,31 +345,33 @@ local function expect_zset(key)
   call('ZCARD', key)
 end
 
--- Whether each live record among `records` (id -> a decoded record, a
--- tombstone {tomb = true, e13 = its expiry} or false), for the ids `ids`, is indexed now:
--- its id is in band 0 of `due`. One ZMSCORE.
-local function indexed_now(records, ids)
-  local live, out = {}, {}
+-- What `due` says of each of `ids` (distinct), whose records (`records`:
+-- id -> a decoded live record, or false) were read: for a live record,
+-- whether it is indexed now (band 0; returned, id -> boolean); an id
+-- without a field in rec (`bare[id]`) whose member is in band 1 is a
+-- tombstone, set into `records` as {tomb = true, e13 = its expiry}. One
+-- ZMSCORE.
+local function read_due(records, ids, bare)
+  local was = {}
+  if #ids == 0 then return was end
+  local scores = chunked_read('ZMSCORE', K.due, ids)
   for i = 1, #ids do
-    local r = records[ids[i]]
-    if r and not r.tomb then live[#live + 1] = ids[i] end
+    local id, score = ids[i], tonumber(scores[i])
+    if records[id] then
+      was[id] = score ~= nil and score < 1e13
+    elseif score and score >= 1e13 and bare[id] then
+      records[id] = {tomb = true, e13 = pad13(score - 1e13)}
+    end
   end
-  if #live == 0 then return out end
-  local scores = chunked_read('ZMSCORE', K.due, live)
-  for i = 1, #live do
-    local score = tonumber(scores[i])
-    out[live[i]] = score ~= nil and score < 1e13
-  end
-  return out
+  return was
 end
 
 -- The spent `due` entry of `id` (its record `raw`) leaves the index: its
 -- combination's count and its `ax` entry. Returns the record's expiry (13
--- digits; a tombstone's too, which no count holds), nil when it has no
--- record this layout reads.
+-- digits), nil when it has no record this layout reads.
 local function unindex_spent(w, ix, id, raw)
   local loc = record_locator(raw, id)
-  if not loc then return tombstone_expiry(raw) end
+  if not loc then return nil end
   local p, r, c, u, e13 = split_locator(loc)
   if not p then return nil end
   ix_remove(ix, p .. '|' .. r .. '|' .. c .. '|' .. u, e13 .. '|' .. id, true)
@@ -377,7 +380,8 @@ local function unindex_spent(w, ix, id, raw)
 end
 
 -- Plans the writes that move one record from `old` (a decoded record, a
--- tombstone {tomb = true, e13 = its expiry} or false), counted in band 0 when `was`, to
+-- tombstone {tomb = true, e13 = its expiry} or false), counted in band 0
+-- when `was`, to
 -- `new` (a decoded record, or nil: deleted): its field, its `due` entry, its
 -- index entry and the counts and heads that follow.
 local function move_record(w, ix, id, old, was, new)

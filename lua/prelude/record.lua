@@ -1,19 +1,21 @@
 -- prelude/record.lua: one proxy's record, the code that reads and writes
--- it. A record is one field of {pp}:v3:rec, the proxy id -> a fixed-format
+-- it. A record is one field of {pp}:v4:rec, the proxy id -> a fixed-format
 -- string (times are 13 digits of Unix ms); docs/data-model.md ("The
 -- record") shows the same three lines, and tests/key_layout.rs keeps them
 -- the same:
 --
 --   live       <S><H><D><U><C><locator>\t<host>\t<port>\t<user>\t<pass>\t<epoch>\t<active>\t<reserved>\t<owner>
---   tombstone  X<expiry>
+--   tombstone  no field; the id's `due` member scores 1e13 + <expiry>
 --   locator    <protocol>|<region>|<carrier>|<upstream>|<expiry>|<id>
 --
 -- S the status: A AVAILABLE (no owner), C CLAIMED, G DRAINING, R DRAINED
 -- (Active = Reserved = 0); H the last health check: 1 passed, 0 failed;
 -- D the deadline under the pool policy; U usableUntil; C healthCheckedAt.
 -- user and pass are "" when the proxy has none. A tombstone is what is left
--- of a proxy handed to a client: it never comes back before the expiry the
--- tombstone keeps (13 digits).
+-- of a proxy handed to a client: its `due` member alone, in band 1 (no
+-- record: ~40% of the memory a field beside it took, layout 3); the id
+-- never comes back before the expiry that score keeps
+-- (prelude/index.lua, read_due).
 -- Names (region, carrier, upstream) hold no "|" and no control character,
 -- ids only [A-Za-z0-9._:~-], hosts no whitespace: "\t" and "|" separate.
 --
@@ -21,7 +23,7 @@
 -- something is written (rules 1, 3 and 4 in one comparison, `now < D`):
 --   D = min(U, expiry - max(m, 1) + 1, C + A + 1)
 -- A record is indexable when allocatable (S is A or R), healthy (H is 1)
--- and its D is ahead; indexed records are in {pp}:v3:ax (prelude/index.lua).
+-- and its D is ahead; indexed records are in {pp}:v4:ax (prelude/index.lua).
 
 -- Where the locator starts in a live record (after S, H, D, U and C).
 local LOC_AT = 42
@@ -56,7 +58,7 @@ local function deadline(u, e, c)
   return d
 end
 
--- A live record as a table (nil if it is not one, or a tombstone):
+-- A live record as a table (nil if it is not one):
 -- s, h, d13, u13, c13, loc, host, port, user, pass, epoch, active, reserved,
 -- owner (strings), and the locator's parts p, r, c, u, e13, id.
 local function decode(raw)
@@ -69,18 +71,12 @@ local function decode(raw)
           owner = owner, p = p, r = r, c = c, u = u, e13 = e13, id = id}
 end
 
--- The expiry a tombstone keeps, 13 digits (nil if `raw` is not a tombstone).
-local function tombstone_expiry(raw)
-  if raw and byte(raw, 1) == 88 and #raw == 14 then return sub(raw, 2) end
-  return nil
-end
-
 -- The locator a live record `raw` holds, when it is the record of `id`
--- (its locator ends in it); nil for a tombstone, or when it is missing or
+-- (its locator ends in it); nil when it is missing (a tombstone) or
 -- damaged. An id's `due` entry is read with it: the locator says which
 -- combination counts it and which `ax` entry is its.
 local function record_locator(raw, id)
-  if not raw or byte(raw, 1) == 88 then return nil end
+  if not raw then return nil end
   local tab = find(raw, '\t', LOC_AT, true)
   if not tab then return nil end
   local loc = sub(raw, LOC_AT, tab - 1)
@@ -88,11 +84,11 @@ local function record_locator(raw, id)
   return loc
 end
 
--- The expiry (13 digits) of the record `raw` of `id`, live or a tombstone;
--- nil when it is missing or damaged.
+-- The expiry (13 digits) of the live record `raw` of `id`; nil when it is
+-- missing or damaged.
 local function expiry_of(raw, id)
   local loc = record_locator(raw, id)
-  if not loc then return tombstone_expiry(raw) end
+  if not loc then return nil end
   local _, _, _, _, e13 = split_locator(loc)
   return e13
 end

@@ -21,22 +21,22 @@ pub const HASH_TAG: &str = "{pp}";
 /// The pool layout these keys hold (`lua/prelude/base.lua`), recorded in
 /// the pool's meta field with its policy: a pool of another layout is
 /// refused, never misread.
-pub const LAYOUT: &str = "3";
+pub const LAYOUT: &str = "4";
 
 /// The proxies' records and tombstones.
-pub const RECORDS: &str = "{pp}:v3:rec";
+pub const RECORDS: &str = "{pp}:v4:rec";
 /// When each record next needs attention (its deadline, or its expiry).
-pub const DUE: &str = "{pp}:v3:due";
+pub const DUE: &str = "{pp}:v4:due";
 /// The index: the locators of the indexed proxies.
-pub const INDEX: &str = "{pp}:v3:ax";
+pub const INDEX: &str = "{pp}:v4:ax";
 /// The head of every combination with indexed proxies.
-pub const HEADS: &str = "{pp}:v3:hd";
+pub const HEADS: &str = "{pp}:v4:hd";
 /// The counts, and the pool's `meta` field (its layout and policy).
-pub const COUNTS: &str = "{pp}:v3:cnt";
+pub const COUNTS: &str = "{pp}:v4:cnt";
 /// Committed extractions for replay, by [`idempotency`] field.
-pub const IDEMPOTENCY: &str = "{pp}:v3:idem";
+pub const IDEMPOTENCY: &str = "{pp}:v4:idem";
 /// When each idempotency record stops being in force.
-pub const IDEMPOTENCY_DUE: &str = "{pp}:v3:idemx";
+pub const IDEMPOTENCY_DUE: &str = "{pp}:v4:idemx";
 
 /// The keys every pool script takes first, in the order `lua/prelude/base.lua`
 /// binds them. None carries a Redis TTL: under a `volatile-*` eviction
@@ -228,8 +228,8 @@ mod tests {
     fn named_pools_have_their_own_keys() {
         let keys = PoolKeys::new(&PoolName::parse("eu-West_2").unwrap());
         assert_eq!(keys.hash_tag(), "{eu-West_2}");
-        assert_eq!(keys.records(), "{eu-West_2}:v3:rec");
-        assert_eq!(keys.pool()[6], "{eu-West_2}:v3:idemx");
+        assert_eq!(keys.records(), "{eu-West_2}:v4:rec");
+        assert_eq!(keys.pool()[6], "{eu-West_2}:v4:idemx");
         assert_eq!(keys.usage_hour(7200), "{eu-West_2}:usage:7200");
         assert!(keys.rate_client("c1").starts_with("{eu-West_2}:rl:client:"));
         assert!(PoolName::parse(&"a".repeat(32)).is_ok());

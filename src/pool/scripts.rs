@@ -172,7 +172,7 @@ impl Source {
 /// its arguments. Two builds with the same version may replace each
 /// other's public library (`FUNCTION LOAD REPLACE`); that is harmless by
 /// this rule, since they answer every call the same way.
-pub const CONTRACT_VERSION: u32 = 2;
+pub const CONTRACT_VERSION: u32 = 3;
 
 /// The scripts the public library registers (the pool's writer-facing
 /// operations; extraction is the HTTP API's, its arguments internal).
@@ -449,15 +449,15 @@ mod tests {
         let lib = &*PUBLIC_LIBRARY;
         // Version 1 is what docs/pool-contract.md documents: a new version
         // changes both.
-        assert_eq!(contract_library(), "proxy_pool_v2");
-        assert!(lib.code.starts_with("#!lua name=proxy_pool_v2\n"));
+        assert_eq!(contract_library(), "proxy_pool_v3");
+        assert!(lib.code.starts_with("#!lua name=proxy_pool_v3\n"));
         assert_eq!(
             contract_functions(),
             [
-                "proxy_pool_v2_upsert",
-                "proxy_pool_v2_contract",
-                "proxy_pool_v2_prune",
-                "proxy_pool_v2_inventory"
+                "proxy_pool_v3_upsert",
+                "proxy_pool_v3_contract",
+                "proxy_pool_v3_prune",
+                "proxy_pool_v3_inventory"
             ]
         );
         for function in contract_functions() {
@@ -466,11 +466,11 @@ mod tests {
         }
         assert_eq!(lib.code.matches("function_name = ").count(), 4);
         assert!(lib.code.contains(
-            "'proxy_pool_v2_inventory', callback = MAIN.inventory, flags = {'no-writes'}"
+            "'proxy_pool_v3_inventory', callback = MAIN.inventory, flags = {'no-writes'}"
         ));
         assert!(
             lib.code
-                .contains("'proxy_pool_v2_upsert', callback = MAIN.upsert, flags = {}")
+                .contains("'proxy_pool_v3_upsert', callback = MAIN.upsert, flags = {}")
         );
         assert!(!lib.code.contains("MAIN.extract"));
         assert!(lib.code.contains("local function bind_keys"));

@@ -15,7 +15,9 @@ pub mod topology;
 #[allow(unused_imports)]
 pub use harness::Harness;
 #[allow(unused_imports)]
-pub use raw::{Planted, encode_record, index_locators, plant, raw_record, status_of};
+pub use raw::{
+    Planted, encode_record, index_locators, plant, raw_record, status_of, stored_status,
+};
 #[allow(unused_imports)]
 pub use tls::certificates;
 

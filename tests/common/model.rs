@@ -28,8 +28,8 @@ pub struct PoolState {
     /// fields), or its tombstone `{"id","status":"EXTRACTED","expiresAt"}`.
     pub records: BTreeMap<String, Value>,
     /// The index: the locator `"<p>|<r>|<c>|<u>|<expiry, 13 digits>|<id>"`
-    /// of every indexed proxy and its deadline (in Redis, `{pp}:v3:ax`, with
-    /// the deadline from `{pp}:v3:due`).
+    /// of every indexed proxy and its deadline (in Redis, `{pp}:v4:ax`, with
+    /// the deadline from `{pp}:v4:due`).
     pub index: BTreeMap<String, i64>,
     /// Proxies held by Workers (CLAIMED or DRAINING): id -> owner.
     pub held: BTreeMap<String, String>,
@@ -110,17 +110,8 @@ async fn hash(conn: &mut PoolConnection, key: &str) -> Result<BTreeMap<String, S
 }
 
 /// One record as `lua/prelude/record.lua` writes it, as JSON, with its
-/// locator (a tombstone's: empty), deadline and owner; `None` when it is
-/// not one.
+/// locator, deadline and owner; `None` when it is not one.
 fn decode_record(id: &str, raw: &str) -> Option<(Value, String, i64, Option<String>)> {
-    if let Some(expiry) = raw.strip_prefix('X') {
-        if expiry.len() != 13 {
-            return None;
-        }
-        let expires: i64 = expiry.parse().ok()?;
-        let json = serde_json::json!({"id": id, "status": "EXTRACTED", "expiresAt": expires});
-        return Some((json, String::new(), -1, None));
-    }
     let status = match raw.get(0..1)? {
         "A" => "AVAILABLE",
         "C" => "CLAIMED",
@@ -211,16 +202,19 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
     // due: each record's id once; band 0 (counted) at its deadline for
     // what is indexed: every entry in ax, and spent ones a walk passed.
     let ax_set: BTreeSet<&String> = ax.iter().collect();
-    if due.len() != records.len() {
-        return disagree(format!(
-            "due has {} entries for {} records",
-            due.len(),
-            records.len()
-        ));
-    }
+    let mut tombstones = 0;
     for (id, score) in &due {
         let Some((loc, d, takeable, expiry)) = records.get(id) else {
-            return disagree(format!("due entry {id} has no record"));
+            // A tombstone: its member alone, in band 1 (1e13 + its expiry).
+            if *score < 1e13 {
+                return disagree(format!("due entry {id} is counted but has no record"));
+            }
+            let expires = *score as i64 - 10_000_000_000_000;
+            let json = serde_json::json!({"id": id, "status": "EXTRACTED", "expiresAt": expires});
+            state.records.insert(id.clone(), json);
+            state.expiry.insert(id.clone(), expires);
+            tombstones += 1;
+            continue;
         };
         if *score < 1e13 {
             if *score as i64 != *d || !takeable {
@@ -233,6 +227,13 @@ pub async fn pool_state(pool: &RedisPool) -> Result<PoolState, PoolError> {
         } else if *score as i64 != 10_000_000_000_000 + *expiry {
             return disagree(format!("{id} is not indexed, yet due scores it {score}"));
         }
+    }
+    if due.len() != records.len() + tombstones {
+        return disagree(format!(
+            "due has {} entries for {} records and {tombstones} tombstones",
+            due.len(),
+            records.len()
+        ));
     }
     if ax.iter().any(|l| !state.index.contains_key(l)) {
         return disagree("ax holds a locator that is not counted".into());

@@ -8,7 +8,7 @@ use super::Harness;
 /// What [`plant`] writes.
 #[derive(Debug, Clone, Copy)]
 pub struct Planted {
-    /// The record in `{pp}:v3:rec`.
+    /// The record in `{pp}:v4:rec`.
     pub record: bool,
     /// Its index entry: `ax`, `due` at its deadline, its combination's
     /// counter and head, its grouping counters and `hd` heads.
@@ -214,14 +214,33 @@ pub async fn index_locators(h: &Harness) -> Vec<String> {
 }
 
 /// The status a stored record says (`lua/prelude/record.lua`): `AVAILABLE`,
-/// `CLAIMED`, `DRAINING`, `DRAINED`, `EXTRACTED` (a tombstone) or `?`.
+/// `CLAIMED`, `DRAINING`, `DRAINED` or `?`.
 pub fn status_of(raw: &str) -> &'static str {
     match raw.get(0..1) {
         Some("A") => "AVAILABLE",
         Some("C") => "CLAIMED",
         Some("G") => "DRAINING",
         Some("R") => "DRAINED",
-        Some("X") => "EXTRACTED",
         _ => "?",
+    }
+}
+
+/// The status Redis holds for proxy `id`: its record's ([`status_of`]), or
+/// `EXTRACTED` when it has no record and its `due` member is in band 1 (a
+/// tombstone); `None` when Redis holds neither.
+pub async fn stored_status(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    id: &str,
+) -> Option<&'static str> {
+    let (raw, due): (Option<String>, Option<f64>) = redis::pipe()
+        .hget(proxy_pool::pool::keys::RECORDS, id)
+        .zscore(proxy_pool::pool::keys::DUE, id)
+        .query_async(conn)
+        .await
+        .unwrap();
+    match (raw, due) {
+        (Some(raw), _) => Some(status_of(&raw)),
+        (None, Some(score)) if score >= 1e13 => Some("EXTRACTED"),
+        _ => None,
     }
 }

@@ -18,16 +18,16 @@ import sys
 
 import redis
 
-LIBRARY = "proxy_pool_v2"
+LIBRARY = "proxy_pool_v3"
 # The pool keys, KEYS[1..7] of every public function, in this order.
 KEYS = [
-    "{pp}:v3:rec",
-    "{pp}:v3:due",
-    "{pp}:v3:ax",
-    "{pp}:v3:hd",
-    "{pp}:v3:cnt",
-    "{pp}:v3:idem",
-    "{pp}:v3:idemx",
+    "{pp}:v4:rec",
+    "{pp}:v4:due",
+    "{pp}:v4:ax",
+    "{pp}:v4:hd",
+    "{pp}:v4:cnt",
+    "{pp}:v4:idem",
+    "{pp}:v4:idemx",
 ]
 # Health results per call: a few batches here (the Rust side sends up to 500).
 BATCH = 200

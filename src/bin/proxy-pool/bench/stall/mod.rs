@@ -20,7 +20,7 @@
 //! * another client's `PING` every millisecond ([`super::pinger::Pinger`]);
 //!
 //! and prints, per second: extractions, p50/p99/max latency, the status
-//! mix, the backlog left (`ZCOUNT {pp}:v3:due -inf now`: spent entries not
+//! mix, the backlog left (`ZCOUNT {pp}:v4:due -inf now`: spent entries not
 //! yet pruned), the eligible count, what the prune removed and the slowest
 //! `PING`.
 //!

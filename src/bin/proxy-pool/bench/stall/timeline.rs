@@ -29,9 +29,9 @@ pub struct Second {
     /// Answers by HTTP status (0: no answer).
     pub statuses: BTreeMap<u16, usize>,
     /// Spent index entries not yet pruned at its end
-    /// (`ZCOUNT {pp}:v3:due -inf now`).
+    /// (`ZCOUNT {pp}:v4:due -inf now`).
     pub backlog: u64,
-    /// Index entries eligible at its end (`ZCOUNT {pp}:v3:due (now (1e13`).
+    /// Index entries eligible at its end (`ZCOUNT {pp}:v4:due (now (1e13`).
     pub eligible: u64,
     /// Fresh proxies the Controller added in it.
     pub added: u64,
@@ -196,7 +196,7 @@ impl Timeline {
         );
         let _ = writeln!(
             out,
-            "served = 200 with a proxy; backlog = ZCOUNT {{pp}}:v3:due -inf now (spent entries not yet pruned) at the end of the second; eligible = entries whose deadline is ahead; slowest call = the longest extraction script call SLOWLOG kept in the second (0: none took 1 ms), >5ms = how many took over 5 ms; other script = the longest call of the Controller's upserts or the prune; statuses = HTTP status: answers (409: allOrNothing with nothing eligible)."
+            "served = 200 with a proxy; backlog = ZCOUNT {{pp}}:v4:due -inf now (spent entries not yet pruned) at the end of the second; eligible = entries whose deadline is ahead; slowest call = the longest extraction script call SLOWLOG kept in the second (0: none took 1 ms), >5ms = how many took over 5 ms; other script = the longest call of the Controller's upserts or the prune; statuses = HTTP status: answers (409: allOrNothing with nothing eligible)."
         );
         out
     }

@@ -301,7 +301,8 @@ struct RedisSample {
 }
 
 /// Redis's script time so far, `used_memory`, the backlog of spent
-/// entries and the records (live and tombstones).
+/// entries and the records (live and tombstones: `due` holds one member
+/// for each).
 async fn sample_redis(bench: &Bench) -> Result<RedisSample, BenchError> {
     let stats = bench.server_stats().await?;
     let mut conn = bench.conn.clone();
@@ -314,8 +315,8 @@ async fn sample_redis(bench: &Bench) -> Result<RedisSample, BenchError> {
         .arg(bench.pool.keys().due())
         .arg("-inf")
         .arg(now_ms())
-        .cmd("HLEN")
-        .arg(bench.pool.keys().records())
+        .cmd("ZCARD")
+        .arg(bench.pool.keys().due())
         .query_async(&mut conn)
         .await?;
     Ok(RedisSample {

@@ -68,7 +68,7 @@ pub struct SteadySecond {
     pub backlog: u64,
     /// Redis `used_memory`, bytes.
     pub memory: u64,
-    /// Records, live and tombstones (`HLEN rec`): a proxy handed out stays
+    /// Records, live and tombstones (`ZCARD due`): a proxy handed out stays
     /// a tombstone until its expiry, so memory follows them.
     pub records: u64,
     /// The bystander's `PING`, 99th percentile and slowest, us.
