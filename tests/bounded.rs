@@ -524,10 +524,12 @@ async fn a_pool_of_another_layout_is_refused_loudly() {
     let h = Harness::start().await;
     h.load(&proxies("p", 3)).await;
     let mut conn = h.redis().await;
+    // A later layout's pool (this build's version plus one).
+    let later = keys::LAYOUT.parse::<u32>().unwrap() + 1;
     let _: () = redis::cmd("HSET")
         .arg(keys::COUNTS)
         .arg("meta")
-        .arg("4|120000|30000")
+        .arg(format!("{later}|120000|30000"))
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -540,7 +542,8 @@ async fn a_pool_of_another_layout_is_refused_loudly() {
         r.body
     );
     assert!(
-        r.body.contains("layout version 4") && r.body.contains("layout 3"),
+        r.body.contains(&format!("layout version {later}"))
+            && r.body.contains(&format!("layout {}", keys::LAYOUT)),
         "{}",
         r.body
     );

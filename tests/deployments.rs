@@ -110,7 +110,8 @@ async fn works_on_a_redis_cluster() {
             holders += 1;
             assert!(keys.iter().all(|k| k.starts_with("{pp}:")), "{keys:?}");
             assert!(keys.iter().any(|k| k.starts_with("{pp}:rl:client:")));
-            assert!(keys.iter().any(|k| k == keys::RECORDS));
+            // `due`: one member a record or tombstone (every proxy was handed out).
+            assert!(keys.iter().any(|k| k == keys::DUE));
         }
     }
     assert_eq!(holders, 1, "the pool is spread over several nodes");
@@ -206,11 +207,11 @@ async fn named_pools_share_a_cluster_on_their_own_masters() {
         assert_eq!(eu_keys + ap_keys, found.len(), "{found:?}");
         if node.port() == eu_owner {
             assert_eq!(ap_keys, 0, "{found:?}");
-            assert!(found.iter().any(|k| k == eu.keys().records()));
+            assert!(found.iter().any(|k| k == eu.keys().due()));
             assert!(found.iter().any(|k| k.starts_with("{eu}:rl:client:")));
         } else if node.port() == ap_owner {
             assert_eq!(eu_keys, 0, "{found:?}");
-            assert!(found.iter().any(|k| k == ap.keys().records()));
+            assert!(found.iter().any(|k| k == ap.keys().due()));
             assert!(found.iter().any(|k| k.starts_with("{ap}:rl:client:")));
         } else {
             assert!(found.is_empty(), "{found:?}");
@@ -262,7 +263,7 @@ async fn named_pools_on_one_redis_are_separate() {
 
     let found = all_keys(&server.url()).await;
     for pool in [&a, &b] {
-        assert!(found.iter().any(|k| k == pool.keys().records()));
+        assert!(found.iter().any(|k| k == pool.keys().due()));
         assert!(
             found
                 .iter()
