@@ -355,12 +355,28 @@ async fn idempotency_record_lives_for_its_window() {
 }
 
 /// A refresh never resurrects an extracted proxy; other proxies refresh.
+/// The proxy handed out is a tombstone: no record (its details gone from
+/// Redis), its `due` member alone, scored 1e13 + the expiry it was handed
+/// out with.
 #[tokio::test]
 async fn refresh_never_resurrects_an_extracted_proxy() {
     let h = Harness::start().await;
-    h.load(&proxies("r", 2)).await;
+    let loaded = proxies("r", 2);
+    h.load(&loaded).await;
     assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids(), ["r-0000"]);
-    let statuses = h.load(&proxies("r", 2)).await;
+    let mut conn = h.redis().await;
+    let (record, due): (Option<String>, Option<f64>) = redis::pipe()
+        .hget(keys::RECORDS, "r-0000")
+        .zscore(keys::DUE, "r-0000")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(record, None, "a tombstone keeps no record");
+    assert_eq!(
+        due.map(|d| d as i64),
+        Some(10_000_000_000_000 + loaded[0].expires_at)
+    );
+    let statuses = h.load(&loaded).await;
     assert_eq!(statuses, [UpsertStatus::Extracted, UpsertStatus::Refreshed]);
     assert_eq!(h.extract(r#"{"count":5}"#, &[]).await.ids(), ["r-0001"]);
 }
