@@ -7,7 +7,8 @@
 -- ARGV[2]: cursor: "0" to start, else the cursor the previous page returned
 -- ARGV[3]: page size, combinations (1..1000)
 -- ARGV[4]: a window, ms: `soon` counts what expires within it
--- Returns: {now, {{combination, eligible, indexed, soon}, ...}, held, cursor, exact}
+-- Returns: {now, {{combination, eligible, indexed, soon}, ...}, held, cursor, exact,
+--          records, tombstones}
 --   now          the Redis clock (TIME), ms
 --   combination  "<protocol>|<region>|<carrier>|<upstream>"
 --   eligible     indexed entries whose deadline is ahead: exactly what
@@ -20,6 +21,10 @@
 --   cursor       pass it back for the next page; "0" when this was the last
 --   exact        1; 0 when more than SPENT_READ entries are spent: then
 --                none is read, and `eligible` counts the spent ones too
+--   records      the pool's live records, indexed or not (HLEN rec)
+--   tombstones   proxies handed out whose expiry has not yet been pruned
+--                (ZCARD due less the records: each has its `due` member);
+--                what memory grows with besides N (docs/operations.md)
 -- Errors: "POLICY <A>|<m>" / "LAYOUT <v>" (prelude/base.lua).
 --
 -- Read only (flags=no-writes: it runs at maxmemory and on replicas). It
@@ -65,5 +70,7 @@ local function inventory(keys, argv)
     end
   end
   local held = tonumber(call('HGET', K.cnt, 'held') or '0') or 0
-  return {NOW, rows, held, scan[1], exact}
+  local records = call('HLEN', K.rec)
+  local tombstones = max(0, call('ZCARD', K.due) - records)
+  return {NOW, rows, held, scan[1], exact, records, tombstones}
 end

@@ -43,6 +43,11 @@ pub struct HealthCheckReport {
     pub eligible_total: u64,
     /// Proxies held by Gateway Workers (CLAIMED or DRAINING).
     pub held_by_workers: u64,
+    /// The pool's records (the proxies it holds, indexed or not).
+    pub records: u64,
+    /// Proxies handed out, each a tombstone until its expiry: memory grows
+    /// with them (docs/operations.md, sizing).
+    pub tombstones: u64,
     /// Eligible proxies by upstream, protocol and region (carriers summed), sorted.
     pub inventory: Vec<InventoryLine>,
     /// What the aggregates flush did (absent without an aggregates database).
@@ -83,7 +88,8 @@ pub async fn run(
         .await?;
     let inventory = maintenance.inventory().await?;
     let checked_at = inventory.at_ms;
-    let held_by_workers = inventory.held;
+    let (held_by_workers, records, tombstones) =
+        (inventory.held, inventory.records, inventory.tombstones);
 
     let mut by_dimensions: BTreeMap<(String, String, String), u64> = BTreeMap::new();
     for b in inventory.buckets {
@@ -110,6 +116,8 @@ pub async fn run(
         pruned,
         eligible_total: inventory.iter().map(|l| l.eligible).sum(),
         held_by_workers,
+        records,
+        tombstones,
         inventory,
         aggregates,
         duration_ms: started.elapsed().as_millis() as u64,
@@ -149,6 +157,8 @@ pub fn metric_lines(report: &HealthCheckReport, function: &str, timestamp_ms: i6
             ("Ready", "Count"),
             ("EligibleProxiesTotal", "Count"),
             ("HeldByWorkers", "Count"),
+            ("PoolRecords", "Count"),
+            ("Tombstones", "Count"),
             ("PrunedProxies", "Count"),
             ("PrunedIndexEntries", "Count"),
             ("HealthCheckDuration", "Milliseconds"),
@@ -158,6 +168,8 @@ pub fn metric_lines(report: &HealthCheckReport, function: &str, timestamp_ms: i6
             "Ready": 1,
             "EligibleProxiesTotal": report.eligible_total,
             "HeldByWorkers": report.held_by_workers,
+            "PoolRecords": report.records,
+            "Tombstones": report.tombstones,
             "PrunedProxies": report.pruned.records,
             "PrunedIndexEntries": report.pruned.index_entries,
             "HealthCheckDuration": report.duration_ms,
@@ -248,6 +260,8 @@ mod tests {
             },
             eligible_total: 7,
             held_by_workers: 1,
+            records: 8,
+            tombstones: 11,
             inventory: vec![
                 InventoryLine {
                     upstream: "provider-a".into(),
@@ -303,6 +317,10 @@ mod tests {
         assert_eq!(summary["EligibleProxiesTotal"], 7);
         assert_eq!(summary["PrunedProxies"], 2);
         assert_eq!(summary["PrunedIndexEntries"], 3);
+        assert_eq!(
+            (&summary["PoolRecords"], &summary["Tombstones"]),
+            (&json!(8), &json!(11))
+        );
         let flush: Value = serde_json::from_str(&lines[3]).unwrap();
         assert_eq!(flush["UsageHoursPending"], 2);
         assert_eq!(flush["UsageFlushFailed"], 1);

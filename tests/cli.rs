@@ -421,20 +421,28 @@ async fn prune_takes_a_batch_and_reports_its_calls() {
 
 /// The contract subcommands as an operator scripts them: claim prints the
 /// epoch, a stale holder is refused with a non-zero exit, and stats shows
-/// the inventory as a table and as JSON.
+/// the inventory as a table and as JSON, with the records and the
+/// tombstones of the proxies handed out.
 #[tokio::test]
 async fn contract_subcommands_and_stats() {
     let h = Harness::start().await;
     let url = h.redis.url();
     let (ok, _, stderr) = load(
         &url,
-        &[line("px_a", 600_000), line("px_b", 600_000)].join("\n"),
+        &[
+            line("px_a", 600_000),
+            line("px_b", 600_000),
+            line("px_c", 500_000),
+        ]
+        .join("\n"),
     )
     .await;
     assert!(ok, "{stderr}");
     let (ok, out, _) = run(&["claim", "--redis-url", &url, "px_a", "--worker", "w1"]).await;
     assert!(ok);
     assert_eq!(out.trim(), "ok px_a (epoch 1)");
+    // px_c expires first: handed out, a tombstone.
+    assert_eq!(h.extract(r#"{"count":1}"#, &[]).await.ids(), ["px_c"]);
     let (ok, _, err) = run(&[
         "drain",
         "--redis-url",
@@ -456,6 +464,10 @@ async fn contract_subcommands_and_stats() {
         "{out}"
     );
     assert!(lines[0].contains("held by Workers 1"), "{out}");
+    assert!(
+        lines[0].contains("records 2, tombstones 1 (handed out, kept until their expiry)"),
+        "{out}"
+    );
     assert_eq!(
         lines[1],
         "upstream    protocol  region    carrier  eligible  expiring<5m  stale  indexed"
@@ -470,6 +482,10 @@ async fn contract_subcommands_and_stats() {
     assert_eq!(
         (doc["eligible"].as_u64(), doc["heldByWorkers"].as_u64()),
         (Some(1), Some(1))
+    );
+    assert_eq!(
+        (doc["records"].as_u64(), doc["tombstones"].as_u64()),
+        (Some(2), Some(1))
     );
     for args in [
         vec![

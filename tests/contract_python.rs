@@ -232,19 +232,20 @@ async fn the_functions_command_prepares_a_fresh_redis() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let (_, rows, held, cursor, exact): (i64, Vec<redis::Value>, u64, String, u8) =
-        redis::cmd("FCALL")
-            .arg(format!("{}_inventory", contract_library()))
-            .arg(keys::POOL.len())
-            .arg(&keys::POOL)
-            .arg("120000|30000")
-            .arg("0")
-            .arg(100)
-            .arg(300_000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+    type Page = (i64, Vec<redis::Value>, u64, String, u8, u64, u64);
+    let (_, rows, held, cursor, exact, records, tombstones): Page = redis::cmd("FCALL")
+        .arg(format!("{}_inventory", contract_library()))
+        .arg(keys::POOL.len())
+        .arg(&keys::POOL)
+        .arg("120000|30000")
+        .arg("0")
+        .arg(100)
+        .arg(300_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!((rows.len(), held, cursor.as_str(), exact), (0, 0, "0", 1));
+    assert_eq!((records, tombstones), (0, 0));
 }
 
 /// The scheduled job's load (`load_maintenance_scripts`) finds the private

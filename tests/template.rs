@@ -178,6 +178,8 @@ fn emitted(with_aggregates: bool) -> BTreeMap<String, BTreeSet<String>> {
         pruned: PruneReport::default(),
         eligible_total: 1,
         held_by_workers: 0,
+        records: 1,
+        tombstones: 0,
         inventory: vec![InventoryLine {
             upstream: "provider-a".into(),
             protocol: "http".into(),

@@ -15,9 +15,9 @@ pub const MAX_PRUNE_BATCH: u32 = 1000;
 /// Combinations `lua/inventory.lua` counts per call.
 const INVENTORY_PAGE: u32 = 500;
 /// One `lua/inventory.lua` reply: Redis time, (combination, eligible,
-/// indexed, expiring soon) rows, proxies held, the cursor of the next page
-/// and whether `eligible` is exact (1).
-type InventoryPage = (i64, Vec<(String, u64, u64, u64)>, u64, String, u8);
+/// indexed, expiring soon) rows, proxies held, the cursor of the next page,
+/// whether `eligible` is exact (1), the live records and the tombstones.
+type InventoryPage = (i64, Vec<(String, u64, u64, u64)>, u64, String, u8, u64, u64);
 /// What the inventory counts as expiring soon: within five minutes.
 pub const EXPIRING_WITHIN: Duration = Duration::from_secs(300);
 
@@ -73,6 +73,13 @@ pub struct Inventory {
     /// `false` when so many entries were spent (a stalled health checker, no
     /// prune yet) that `eligible` also counts some spent ones.
     pub exact: bool,
+    /// The pool's records: proxies it holds, indexed or not (as the last
+    /// page counted them).
+    pub records: u64,
+    /// Proxies handed out whose TTL life the prune has not yet ended: each
+    /// keeps a tombstone until its expiry, the pool's one memory that grows
+    /// with traffic rather than with its size (docs/operations.md).
+    pub tombstones: u64,
 }
 
 /// The scheduled job's upkeep of the pool: prune and inventory. Cheap to
@@ -153,7 +160,7 @@ impl Maintenance {
             inv.arg(&cursor)
                 .arg(INVENTORY_PAGE)
                 .arg(EXPIRING_WITHIN.as_millis() as u64);
-            let (at_ms, rows, held, next, page_exact): InventoryPage =
+            let (at_ms, rows, held, next, page_exact, records, tombstones): InventoryPage =
                 self.pool.invoke(&inv, true).await?;
             exact &= page_exact == 1;
             for (combination, eligible, indexed, soon) in rows {
@@ -186,32 +193,32 @@ impl Maintenance {
                 );
             }
             if next == "0" {
-                let buckets = buckets.into_values().collect();
-                return Ok(Self::sorted_inventory(at_ms, buckets, held, exact));
+                return Ok(Inventory {
+                    at_ms,
+                    buckets: sorted_buckets(buckets),
+                    held,
+                    exact,
+                    records,
+                    tombstones,
+                });
             }
             cursor = next;
         }
     }
+}
 
-    fn sorted_inventory(
-        at_ms: i64,
-        mut buckets: Vec<BucketInventory>,
-        held: u64,
-        exact: bool,
-    ) -> Inventory {
-        buckets.sort_by(|a, b| {
-            (&a.upstream, &a.protocol, &a.region, &a.carrier).cmp(&(
-                &b.upstream,
-                &b.protocol,
-                &b.region,
-                &b.carrier,
-            ))
-        });
-        Inventory {
-            at_ms,
-            buckets,
-            held,
-            exact,
-        }
-    }
+/// The combinations' counts sorted by upstream, protocol, region, carrier.
+fn sorted_buckets(
+    buckets: std::collections::BTreeMap<String, BucketInventory>,
+) -> Vec<BucketInventory> {
+    let mut buckets: Vec<BucketInventory> = buckets.into_values().collect();
+    buckets.sort_by(|a, b| {
+        (&a.upstream, &a.protocol, &a.region, &a.carrier).cmp(&(
+            &b.upstream,
+            &b.protocol,
+            &b.region,
+            &b.carrier,
+        ))
+    });
+    buckets
 }

@@ -173,8 +173,12 @@ def main():
     check(pruned == [0, 0, 0, 0], f"prune {pruned}")
     eligible, cursor = 0, "0"
     while True:
-        _, rows, held, cursor, exact = call(r, "inventory", policy, cursor, "1000", "300000")
+        _, rows, held, cursor, exact, records, tombstones = call(
+            r, "inventory", policy, cursor, "1000", "300000")
         check(held == 0 and exact == 1, f"inventory held {held}, exact {exact}")
+        # Nothing was handed out: no tombstone; every proxy added is a record.
+        check(tombstones == 0 and records >= len(failed) + len(passed),
+              f"inventory records {records}, tombstones {tombstones}")
         eligible += sum(row[1] for row in rows)
         if cursor == "0":
             break

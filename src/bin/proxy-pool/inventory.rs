@@ -121,6 +121,10 @@ pub struct Inventory {
     /// `false` when more entries were spent than one count reads, so that
     /// `eligible` counts some spent ones too (the next prune sets it right).
     pub exact: bool,
+    /// The pool's records (indexed or not).
+    pub records: u64,
+    /// Proxies handed out whose tombstone the prune has not yet ended.
+    pub tombstones: u64,
 }
 
 impl Inventory {
@@ -132,6 +136,8 @@ impl Inventory {
             held: inventory.held,
             rows: inventory.buckets.iter().map(row).collect(),
             exact: inventory.exact,
+            records: inventory.records,
+            tombstones: inventory.tombstones,
         })
     }
 

@@ -35,6 +35,8 @@ pub async fn stats(args: StatsArgs) -> CliResult {
             "maxHealthCheckAgeSeconds": policy.max_health_check_age.as_secs(),
             "expiringWithinSeconds": EXPIRING_WITHIN.as_secs(),
             "heldByWorkers": inventory.held,
+            "records": inventory.records,
+            "tombstones": inventory.tombstones,
             "exact": inventory.exact,
             "combinations": inventory.rows.len(),
             "buckets": inventory.rows,
@@ -52,7 +54,7 @@ pub async fn stats(args: StatsArgs) -> CliResult {
         return Ok(());
     }
     say!(
-        "eligible {}{} ({policy}), expiring within 5 min {}, stale {} (past their deadline, until the next prune), held by Workers {}; indexed {} in {} combinations, at {}",
+        "eligible {}{} ({policy}), expiring within 5 min {}, stale {} (past their deadline, until the next prune), held by Workers {}; indexed {} in {} combinations; records {}, tombstones {} (handed out, kept until their expiry); at {}",
         totals.eligible,
         if inventory.exact {
             ""
@@ -64,6 +66,8 @@ pub async fn stats(args: StatsArgs) -> CliResult {
         inventory.held,
         totals.indexed,
         inventory.rows.len(),
+        inventory.records,
+        inventory.tombstones,
         rfc3339(inventory.at_ms)
     );
     match groups {
