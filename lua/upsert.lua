@@ -29,8 +29,9 @@ local function read_incoming(argv)
   local incoming = {}
   for i = 2, #argv do
     local h, u13, c13, loc, p, r, c, u, e13, id, host, port, user, pass = match(argv[i], INCOMING)
+    local port_n = p and tonumber(port)
     if not (p and u ~= '' and not find(loc, '%c') and u13 <= e13 and PROTOCOL[p]
-            and tonumber(port) >= 1 and tonumber(port) <= 65535) then
+            and port_n >= 1 and port_n <= 65535) then
       error({err = 'ERR upsert: argument ' .. i .. ' is not a valid proxy'})
     end
     incoming[#incoming + 1] = {s = 'A', h = h, u13 = u13, c13 = c13, loc = loc, host = host, port = port,

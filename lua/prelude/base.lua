@@ -61,18 +61,30 @@ local function pad13(n)
   return sub(ZEROS, 1, 13 - #s) .. s
 end
 
--- A count `s` (decimal digits, as a pattern's %d+ matched them) less one,
--- as a string; nil when it is 0. The common case (a last digit 2-9, or 1
--- after more digits) swaps the last byte: Lua's number-to-string
--- conversion (an sprintf) costs more than the rest of a counter update.
-local DIGIT_BELOW = {[49] = '0', [50] = '1', [51] = '2', [52] = '3', [53] = '4',
-                     [54] = '5', [55] = '6', [56] = '7', [57] = '8'}
-local function less_one(s)
-  local below = DIGIT_BELOW[byte(s, -1)]
-  if below and (below ~= '0' or #s > 1) then return sub(s, 1, -2) .. below end
+-- A count `s` (decimal digits, as a pattern's %d+ matched them) plus `d`
+-- (an integer), floored at 0: the new count as a string, and how much it
+-- moved. The common case (the last digit absorbs `d`: no carry, no
+-- borrow) swaps the last byte: Lua's number-to-string conversion (an
+-- sprintf, ~2k instructions) and its string-to-number one (a strtod, ~1k)
+-- cost more than the rest of a counter update. A count written with a
+-- leading zero is rewritten plainly.
+local DIGITS = {[0] = '0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
+local function count_plus(s, d)
+  if #s == 1 or byte(s, 1) ~= 48 then
+    if d == 0 then return s, 0 end
+    local last = byte(s, -1) - 48 + d
+    if last >= 0 and last <= 9 then return sub(s, 1, -2) .. DIGITS[last], d end
+  end
   local n = tonumber(s)
-  if n < 1 then return nil end
-  return tostring(n - 1)
+  local m = max(0, n + d)
+  return tostring(m), m - n
+end
+
+-- A count `s` less one, as a string; nil when it is 0.
+local function less_one(s)
+  local n, moved = count_plus(s, -1)
+  if moved == 0 then return nil end
+  return n
 end
 
 local function is_int(v, lo, hi)

@@ -220,10 +220,10 @@ local function plan_index(ix, w, extra)
     local a = order[i]
     if a.p then
       local old = values[a.at]
-      local n_old, k_old = 0, nil
+      local n_old, k_old = '0', nil
       if old then
         local k, n = match(old, ATOM_COUNT)
-        n_old = tonumber(n) or 0
+        n_old = n or '0'
         if k and k ~= '' then k_old = k end
       end
       local survivor
@@ -239,8 +239,8 @@ local function plan_index(ix, w, extra)
       end
       local head = survivor
       if a.add and (not head or a.add < head) then head = a.add end
-      local n_new = max(0, n_old + a.delta)
-      local new = (n_new > 0 or head) and ((head or '') .. '\t' .. n_new) or nil
+      local n_new, dn = count_plus(n_old, a.delta)
+      local new = (n_new ~= '0' or head) and ((head or '') .. '\t' .. n_new) or nil
       if new ~= old then
         if new then push2(w.cnt_set, a.atom, new) else w.cnt_del[#w.cnt_del + 1] = a.atom end
       end
@@ -248,7 +248,6 @@ local function plan_index(ix, w, extra)
         if k_old then push_heads(w.hd_rem, a.atom, a.p, a.r, a.c, a.u, k_old) end
         if head then push_heads(w.hd_add, a.atom, a.p, a.r, a.c, a.u, head, true) end
       end
-      local dn = n_new - n_old
       local da = (head and 1 or 0) - (k_old and 1 or 0)
       if dn ~= 0 or da ~= 0 then
         for j = 1, 4 do
@@ -271,9 +270,9 @@ local function plan_index(ix, w, extra)
     if m[1] ~= 0 or m[2] ~= 0 then
       local old = values[at[f]]
       local n, c = match(old or '0|0', '^(%d+)|(%d+)$')
-      n = max(0, (tonumber(n) or 0) + m[1])
-      c = max(0, (tonumber(c) or 0) + m[2])
-      if n > 0 or c > 0 then
+      n = count_plus(n or '0', m[1])
+      c = count_plus(c or '0', m[2])
+      if n ~= '0' or c ~= '0' then
         push2(w.cnt_set, f, n .. '|' .. c)
         if not old then appear[#appear + 1] = f end
       else
