@@ -155,23 +155,8 @@ local function contract(keys, argv)
       end
     end
   end
-  local before, bare, order = {}, {}, {}
-  for i = 1, #ids do
-    local id = ids[i]
-    if before[id] == nil and not fast[id] then
-      local raw = stored[i] or nil
-      local live = decode(raw)
-      if raw and not live then
-        return redis.error_reply('ERR damaged pool: unreadable record')
-      end
-      before[id] = live or false
-      bare[id] = not raw
-      order[#order + 1] = id
-    end
-  end
-  local was = read_due(before, order, bare)
-  local current = {}
-  for i = 1, #order do current[order[i]] = before[order[i]] end
+  local before, current, order, was, damaged = read_before(ids, stored, fast)
+  if damaged then return redis.error_reply('ERR damaged pool: unreadable record') end
 
   local reply = {NOW}
   for i = 2, #argv, 6 do

@@ -50,22 +50,9 @@ local function upsert(keys, argv)
   for i = 1, #incoming do ids[i] = incoming[i].id end
   local stored = chunked_read('HMGET', K.rec, ids)
 
-  -- What each id holds before the call: a live record, a tombstone (its
-  -- expiry, from `due`), or nothing (a damaged value counts as nothing: it
-  -- is replaced); and whether a live one is indexed now.
-  local before, bare, order = {}, {}, {}
-  for i = 1, #ids do
-    local id = ids[i]
-    if before[id] == nil then
-      local raw = stored[i] or nil
-      before[id] = decode(raw) or false
-      bare[id] = not raw
-      order[#order + 1] = id
-    end
-  end
-  local was = read_due(before, order, bare)
-  local current = {}
-  for i = 1, #order do current[order[i]] = before[order[i]] end
+  -- What each id holds before the call: a live record, a tombstone, or
+  -- nothing (a damaged value counts as nothing: it is replaced).
+  local before, current, order, was = read_before(ids, stored, NONE)
 
   -- Decide every item in order, as if each were its own call.
   local statuses = {NOW}

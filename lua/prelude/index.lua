@@ -344,25 +344,41 @@ local function expect_zset(key)
   call('ZCARD', key)
 end
 
--- What `due` says of each of `ids` (distinct), whose records (`records`:
--- id -> a decoded live record, or false) were read: for a live record,
--- whether it is indexed now (band 0; returned, id -> boolean); an id
--- without a field in rec (`bare[id]`) whose member is in band 1 is a
--- tombstone, set into `records` as {tomb = true, e13 = its expiry}. One
--- ZMSCORE.
-local function read_due(records, ids, bare)
-  local was = {}
-  if #ids == 0 then return was end
-  local scores = chunked_read('ZMSCORE', K.due, ids)
+-- What each of `ids` holds before a writer's call, each id read once
+-- (where first named; not at all when `skip[id]`), from its raw record
+-- (`stored`, by position in `ids`) and its `due` member (one ZMSCORE).
+-- Returns:
+--   before   id -> a decoded live record, a tombstone {tomb = true, e13 =
+--            its expiry} (no record, its member in band 1), or false
+--   current  a copy of `before`, for the call to change
+--   order    the ids in the order first named
+--   was      id -> whether its live record is indexed now (band 0)
+--   damaged  whether a record is there but unreadable (read as nothing)
+local function read_before(ids, stored, skip)
+  local before, bare, order, damaged = {}, {}, {}, false
   for i = 1, #ids do
-    local id, score = ids[i], tonumber(scores[i])
-    if records[id] then
-      was[id] = score ~= nil and score < 1e13
-    elseif score and score >= 1e13 and bare[id] then
-      records[id] = {tomb = true, e13 = pad13(score - 1e13)}
+    local id = ids[i]
+    if before[id] == nil and not skip[id] then
+      local raw = stored[i] or nil
+      local live = decode(raw)
+      if raw and not live then damaged = true end
+      before[id] = live or false
+      bare[id] = not raw
+      order[#order + 1] = id
     end
   end
-  return was
+  local was, current = {}, {}
+  local scores = chunked_read('ZMSCORE', K.due, order)
+  for i = 1, #order do
+    local id, score = order[i], tonumber(scores[i])
+    if before[id] then
+      was[id] = score ~= nil and score < 1e13
+    elseif score and score >= 1e13 and bare[id] then
+      before[id] = {tomb = true, e13 = pad13(score - 1e13)}
+    end
+    current[id] = before[id]
+  end
+  return before, current, order, was, damaged
 end
 
 -- The spent `due` entry of `id` (its record `raw`) leaves the index: its

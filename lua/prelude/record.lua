@@ -15,7 +15,7 @@
 -- of a proxy handed to a client: its `due` member alone, in band 1 (no
 -- record: ~40% of the memory a field beside it took, layout 3); the id
 -- never comes back before the expiry that score keeps
--- (prelude/index.lua, read_due).
+-- (prelude/index.lua, read_before).
 -- Names (region, carrier, upstream) hold no "|" and no control character,
 -- ids only [A-Za-z0-9._:~-], hosts no whitespace: "\t" and "|" separate.
 --

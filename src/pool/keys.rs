@@ -23,9 +23,11 @@ pub const HASH_TAG: &str = "{pp}";
 /// refused, never misread.
 pub const LAYOUT: &str = "4";
 
-/// The proxies' records and tombstones.
+/// The proxies' records (a proxy handed out has none: its tombstone is its
+/// [`DUE`] member alone).
 pub const RECORDS: &str = "{pp}:v4:rec";
-/// When each record next needs attention (its deadline, or its expiry).
+/// When each record next needs attention (its deadline, or its expiry),
+/// and each tombstone's expiry.
 pub const DUE: &str = "{pp}:v4:due";
 /// The index: the locators of the indexed proxies.
 pub const INDEX: &str = "{pp}:v4:ax";
@@ -128,7 +130,7 @@ impl PoolKeys {
         &self.pool[0]
     }
 
-    /// The records' due instants, as [`DUE`].
+    /// The records' due instants and the tombstones, as [`DUE`].
     pub fn due(&self) -> &str {
         &self.pool[1]
     }

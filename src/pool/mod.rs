@@ -15,8 +15,9 @@
 //! [`UsageStore`] (the hourly usage counters extraction writes and a flush
 //! moves elsewhere). It depends on nothing else in the crate but `clock`.
 //!
-//! Each proxy is one record, a tombstone once extracted, and an index over
-//! the records answers extraction; no pool key carries a TTL.
+//! Each proxy is one record (once extracted, a tombstone: its `due` entry
+//! alone), and an index over the records answers extraction; no pool key
+//! carries a TTL.
 //! docs/data-model.md describes every key (`keys` only names them) and
 //! the index. (The in-memory reference model lives with the tests, in
 //! `tests/common/model.rs`.)
