@@ -57,9 +57,10 @@
 --   walk     a merge in expiry order over ranges (by their current head),
 --            combinations (by head) and entries: each candidate's record is
 --            judged (prelude/record.lua); spent and damaged entries are passed
---            and leave the index; at most SKIP_MAX of them per call, in at
---            most TOUCH_MAX combinations (each one's counter and heads are
---            rewritten: the costlier bound when they interleave over many)
+--            and leave the index (once a combination passed one, the spent
+--            run right after it goes too, out of merge order); at most
+--            SKIP_MAX of them per call, in at most TOUCH_MAX combinations
+--            (each one's counter and heads are rewritten)
 --   decide   fulfillment; a walk that passed SKIP_MAX entries reads every
 --            eligible entry from `due` when there are at most FEW, else
 --            answers "again" (the entries it passed are out for good)

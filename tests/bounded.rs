@@ -455,6 +455,56 @@ async fn a_stale_backlog_is_answered_and_every_round_progresses() {
     common::model::pool_state(&h.pool).await.unwrap();
 }
 
+/// A stalled checker's backlog spread over many combinations, their
+/// entries interleaved by expiry (400 combinations x 5 stale entries, the
+/// j-th of each before every (j+1)-th), ahead of more fresh entries than a
+/// call reads from `due`: a walk in expiry order would pass one entry a
+/// combination and stop at 48 combinations (48 entries a round). Once a
+/// combination has passed one, its run of spent entries goes with it: a
+/// round passes 5 in each of its 48 combinations, and the request's ninth
+/// round passes the last and answers the soonest fresh proxy.
+#[tokio::test]
+async fn a_backlog_over_many_combinations_is_passed_a_run_at_a_time() {
+    let h = Harness::start().await;
+    let max_age = h.config.max_health_check_age.as_millis() as i64;
+    let now = now_ms();
+    let checked = now - max_age + 3_000;
+    let mut stale = Vec::new();
+    for j in 0..5_i64 {
+        for r in 0..400_i64 {
+            let mut p = proxy(&format!("stale-{r:03}-{j}"));
+            p.region = format!("city-{r:03}");
+            p.expires_at = now + 600_000 + j * 1_000 + r;
+            p.usable_until = p.expires_at;
+            p.health_checked_at = checked;
+            stale.push(p);
+        }
+    }
+    h.load(&stale).await;
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    let mut fresh = proxies("fresh", 2_100);
+    for (i, p) in fresh.iter_mut().enumerate() {
+        p.expires_at = now + 900_000 + i as i64;
+        p.usable_until = p.expires_at;
+        p.health_checked_at = now_ms();
+    }
+    h.load(&fresh).await;
+
+    let walkable = zcard(&h, keys::INDEX).await;
+    let before = command_calls(&h).await;
+    let (ran, r) = commands_for(&h, r#"{"count":1}"#).await;
+    let calls = script_calls(&command_calls(&h).await) - script_calls(&before);
+    let passed = walkable - zcard(&h, keys::INDEX).await - 1;
+    eprintln!("{calls} calls, {ran} commands, {passed} spent entries passed");
+    assert_eq!(r.ids(), ["fresh-0000"], "{}", r.body);
+    assert_eq!(passed, 2_000);
+    assert!(calls <= 9, "{calls} rounds for 2,000 spent entries");
+    // A round touches 48 combinations: a page, its records, and the
+    // rewrite of each one's counter and heads, some 6 commands each.
+    assert!(ran <= 6 * 48 * calls, "{ran} commands in {calls} calls");
+    common::model::pool_state(&h.pool).await.unwrap();
+}
+
 /// Two deployments with different policies on one pool: the one whose
 /// policy the pool did not record answers 503 POOL_POLICY_MISMATCH to
 /// extraction and readiness alike (its error, logged, names both), and its

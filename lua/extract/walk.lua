@@ -212,6 +212,12 @@ end
 -- so are the entries after it that still come before every other cursor
 -- (a run of spent entries costs a compare and a judgement each, no heap
 -- step). Members compare as keys: the cursor's own share one prefix.
+-- Once the cursor has passed a spent or damaged entry (its combination's
+-- counter and heads are rewritten anyway), the spent entries right after
+-- it are passed too, even past the other cursors, across its pages:
+-- never a candidate, they leave out of the merge's order at no cost to
+-- it, and a backlog spread over many combinations is cleared a run per
+-- combination rather than an entry each (the first other entry stops it).
 local function step_entry(X, h, cur)
   local limit
   if h[2] then
@@ -222,8 +228,10 @@ local function step_entry(X, h, cur)
   local m, i, tkey, from = cur.m, cur.i, cur.tkey, cur.from
   local recs, ex_m, ex_f, ex_r = cur.recs, cur.ex_m, cur.ex_f, cur.ex_r
   local n, found, skipped, target = #ex_m, X.found, X.skipped, X.target
-  repeat
+  while true do
     local member = m[i]
+    local beyond = limit and member > limit
+    if beyond and not cur.passed then break end
     local fate, raw, handed
     if member < tkey then
       fate = SPENT
@@ -237,6 +245,7 @@ local function step_entry(X, h, cur)
       end
       fate, handed = judge(raw, member)
     end
+    if beyond and fate ~= SPENT then break end
     n = n + 1
     ex_m[n], ex_f[n] = member, fate
     if fate == ELIGIBLE then
@@ -251,7 +260,13 @@ local function step_entry(X, h, cur)
       skipped = skipped + 1
     end
     i = i + 1
-  until found >= target or skipped >= SKIP_MAX or not m[i] or (limit and m[i] > limit)
+    if found >= target or skipped >= SKIP_MAX then break end
+    if not m[i] then
+      -- A page ends: past the others, only a run of spent entries goes on.
+      if not (beyond and fate == SPENT) or not next_page(cur, K.ax) then break end
+      m, i, recs = cur.m, 1, cur.recs
+    end
+  end
   X.found, X.skipped = found, skipped
   cur.i = i
   if i <= #m or next_page(cur, K.ax) then
