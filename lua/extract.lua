@@ -53,7 +53,8 @@
 --   count    only with a reserve: the eligible proxies the filters match,
 --            exactly: counters of what is indexed (several dimensions: the
 --            enumerated combinations', or by inclusion and exclusion), less
---            the spent entries
+--            the spent entries; enumerated, only until reserve + count are
+--            there
 --   walk     a merge in expiry order over ranges (by their current head),
 --            combinations (by head) and entries: each candidate's record is
 --            judged (prelude/record.lua); spent and damaged entries are passed

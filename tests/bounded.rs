@@ -74,7 +74,7 @@ fn soonest(
 /// reserve, `partial` gets exactly those, the soonest-expiring first.
 #[tokio::test]
 async fn a_reserve_under_a_broad_filter_is_counted_exactly() {
-    let now = now_ms();
+    let stale = now_ms() - 3_600_000;
     let mut pool = city_pool("ie", 12_000, 64);
     let wanted = |p: &NewProxy| {
         p.protocol != "socks5"
@@ -84,11 +84,11 @@ async fn a_reserve_under_a_broad_filter_is_counted_exactly() {
     };
     // Some matching proxies with a health check long past: never eligible.
     for p in pool.iter_mut().filter(|p| wanted(p)).step_by(40) {
-        p.health_checked_at = now - 3_600_000;
+        p.health_checked_at = stale;
     }
     let eligible: Vec<&NewProxy> = pool
         .iter()
-        .filter(|p| wanted(p) && p.health_checked_at == now)
+        .filter(|p| wanted(p) && p.health_checked_at != stale)
         .collect();
     let reserve = eligible.len() as u32 - 3;
     let h = Harness::with_config(|c| c.reserve_for_gateway = reserve).await;
@@ -119,6 +119,57 @@ async fn a_reserve_under_a_broad_filter_is_counted_exactly() {
     assert_eq!((r.status, r.ids()), (200, expected), "{}", r.body);
     let r = h.extract(&format!(r#"{{"count":5,{filters}}}"#), &[]).await;
     assert_eq!((r.status, r.ids().len()), (200, 0), "{}", r.body);
+}
+
+/// A reserve under a filter whose combinations are enumerated (8 cities x
+/// 2 carriers x 2 upstreams x 2 protocols), stale entries among them: the
+/// count stops once the reserve and the count are covered, so it is exact
+/// at the edge: with `reserve + count` eligible the call takes `count`, with
+/// one fewer `allOrNothing` is told exactly how many are left.
+#[tokio::test]
+async fn an_enumerated_reserve_is_exact_at_its_edge() {
+    let stale = now_ms() - 3_600_000;
+    let mut pool = city_pool("en", 12_000, 64);
+    let named: Vec<String> = (1..=8).map(|i| format!("city-{i:03}")).collect();
+    let wanted = |p: &NewProxy| {
+        p.protocol != "socks5"
+            && named.contains(&p.region)
+            && p.carrier != CARRIERS[2]
+            && p.upstream != UPSTREAMS[2]
+    };
+    for p in pool.iter_mut().filter(|p| wanted(p)).step_by(5) {
+        p.health_checked_at = stale;
+    }
+    let mut eligible: Vec<&NewProxy> = pool
+        .iter()
+        .filter(|p| wanted(p) && p.health_checked_at != stale)
+        .collect();
+    eligible.sort_by_key(|p| (p.expires_at, p.id.clone()));
+    let filters = format!(
+        r#""filters":{{"protocols":["http","https"],"regions":{},"carriers":["{}","{}"],"allowedUpstreams":["{}","{}"]}}"#,
+        cities(1, 8),
+        CARRIERS[0],
+        CARRIERS[1],
+        UPSTREAMS[0],
+        UPSTREAMS[1]
+    );
+    let all = format!(r#"{{"count":5,"fulfillment":"allOrNothing",{filters}}}"#);
+    let reserve = eligible.len() as u32 - 5;
+
+    let h = Harness::with_config(|c| c.reserve_for_gateway = reserve).await;
+    load_all(&h, &pool).await;
+    let r = h.extract(&all, &[]).await;
+    let expected: Vec<String> = eligible[..5].iter().map(|p| p.id.clone()).collect();
+    assert_eq!((r.status, r.ids()), (200, expected), "{}", r.body);
+
+    let h = Harness::with_config(|c| c.reserve_for_gateway = reserve + 1).await;
+    load_all(&h, &pool).await;
+    let r = h.extract(&all, &[]).await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(
+        r.json["detail"],
+        "requested 5 proxies but only 4 are currently eligible"
+    );
 }
 
 /// 10,000 requests naming invented values (64 regions with every protocol,

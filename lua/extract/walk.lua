@@ -19,7 +19,8 @@ end
 
 -- The eligible proxies the filters match, exactly: the counted entries
 -- less the spent ones (nil: too many spent entries to subtract; this call
--- drains some of them and answers "again").
+-- drains some of them and answers "again"). Enumerated, it stops at the
+-- reserve plus the count: all the call needs once that many are there.
 local function count_eligible(X, w, ix)
   if not X.restricted then return call('ZCOUNT', K.due, '(' .. NOW13, BAND1) end
   local spent = call('ZRANGEBYSCORE', K.due, '-inf', NOW13, 'LIMIT', '0', SPENT_READ_LIMIT)
@@ -39,14 +40,17 @@ local function count_eligible(X, w, ix)
   end
   -- Enumerated: per matching combination with a head (one without has only
   -- spent entries), its count less its spent entries; the walk reuses them.
+  -- No term is negative, so once the sum covers the reserve and the count
+  -- the rest cannot change the call (a short answer's count is exact).
   local atoms, counts = enumerated(X)
-  local sum = 0
+  local sum, enough = 0, X.reserve + X.count
   for i = 1, #atoms do
     -- "<head>\t<n>", counted when it has a head (its n read in place).
     local v = counts[i]
     if v and byte(v, 1) ~= 9 then
       local n = tonumber(sub(v, (find(v, '\t', 15, true) or #v) + 1)) or 0
       sum = sum + max(0, n - (spent_in[atoms[i]] or 0))
+      if sum >= enough then return sum end
     end
   end
   return sum

@@ -91,6 +91,11 @@ pub struct BenchArgs {
     /// Every request asks `allOrNothing` (default: partial).
     #[arg(long)]
     pub all_or_nothing: bool,
+    /// Eligible proxies every request leaves for the Gateway
+    /// (PROXY_POOL_RESERVE_FOR_GATEWAY, 0-100000; default 0): a request
+    /// then first counts what its filters match, exactly.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub reserve: u32,
     /// Fill in the adversarial order for the multi-worst filter: every
     /// combination it does not match expires before every one it matches,
     /// so each of their heads comes first and a multi-worst request skips
@@ -264,6 +269,7 @@ impl BenchArgs {
             vec![ScriptCalls::Fcall]
         };
         plan.all_or_nothing = args.all_or_nothing;
+        plan.reserve = args.reserve;
         plan.adversarial_heads = args.adversarial_heads;
         plan.pace = args.pace;
         plan.ping_every_ms = args.ping_every_ms.unwrap_or(plan.ping_every_ms);

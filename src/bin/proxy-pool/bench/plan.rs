@@ -77,6 +77,8 @@ pub struct Plan {
     pub http: bool,
     /// Every request asks `allOrNothing` (else partial, the default).
     pub all_or_nothing: bool,
+    /// `reserveForGateway` of every request (0: none).
+    pub reserve: u32,
     /// Fill so that the multi-worst filter's non-matching combinations
     /// expire first (their heads ahead of every matching one).
     pub adversarial_heads: bool,
@@ -228,6 +230,7 @@ impl Plan {
             registry_clients: 0,
             http: false,
             all_or_nothing: false,
+            reserve: 0,
             adversarial_heads: false,
             pace: None,
             client_rate: None,

@@ -350,14 +350,22 @@ impl Report {
                 ms => format!(" every {ms} ms on its own connection and thread"),
             }
         );
-        if self.plan.all_or_nothing || self.plan.pace.is_some() || self.plan.client_rate.is_some() {
+        if self.plan.all_or_nothing
+            || self.plan.pace.is_some()
+            || self.plan.client_rate.is_some()
+            || self.plan.reserve > 0
+        {
             let _ = writeln!(
                 out,
-                "requests: {}{}{}.",
+                "requests: {}{}{}{}.",
                 if self.plan.all_or_nothing {
                     "allOrNothing"
                 } else {
                     "partial"
+                },
+                match self.plan.reserve {
+                    0 => String::new(),
+                    n => format!(", {n} eligible proxies left for the Gateway (reserveForGateway)"),
                 },
                 self.plan.pace.map_or(String::new(), |p| format!(
                     ", paced at {p} per second in all"

@@ -173,6 +173,7 @@ pub(super) fn bench_config(plan: &Plan, url: &str) -> Result<Config, BenchError>
         client_rate,
         global_rate: None,
         max_count_per_request: max_count,
+        reserve_for_gateway: plan.reserve,
         // The pool is filled once per N and the run lasts minutes: its health
         // checks must stay fresh for the whole run (and with --stall, the
         // fill's go stale together, see stall/mod.rs).
