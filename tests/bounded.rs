@@ -67,6 +67,15 @@ fn soonest(
         .map(|p| p.id.clone())
 }
 
+/// `"filters"` naming http and https, the first two carriers and upstreams,
+/// and `regions` (a JSON list).
+fn two_of_each_but_regions(regions: &str) -> String {
+    format!(
+        r#""filters":{{"protocols":["http","https"],"regions":{regions},"carriers":["{}","{}"],"allowedUpstreams":["{}","{}"]}}"#,
+        CARRIERS[0], CARRIERS[1], UPSTREAMS[0], UPSTREAMS[1]
+    )
+}
+
 /// A reserve is counted exactly for a filter naming all but one value of
 /// every dimension over 1,728 combinations (counted by inclusion and
 /// exclusion: the pool's counters less the complement's), stale entries
@@ -93,14 +102,7 @@ async fn a_reserve_under_a_broad_filter_is_counted_exactly() {
     let reserve = eligible.len() as u32 - 3;
     let h = Harness::with_config(|c| c.reserve_for_gateway = reserve).await;
     load_all(&h, &pool).await;
-    let filters = format!(
-        r#""filters":{{"protocols":["http","https"],"regions":{},"carriers":["{}","{}"],"allowedUpstreams":["{}","{}"]}}"#,
-        cities(1, 63),
-        CARRIERS[0],
-        CARRIERS[1],
-        UPSTREAMS[0],
-        UPSTREAMS[1]
-    );
+    let filters = two_of_each_but_regions(&cities(1, 63));
     let r = h
         .extract(
             &format!(r#"{{"count":5,"fulfillment":"allOrNothing",{filters}}}"#),
@@ -145,14 +147,7 @@ async fn an_enumerated_reserve_is_exact_at_its_edge() {
         .filter(|p| wanted(p) && p.health_checked_at != stale)
         .collect();
     eligible.sort_by_key(|p| (p.expires_at, p.id.clone()));
-    let filters = format!(
-        r#""filters":{{"protocols":["http","https"],"regions":{},"carriers":["{}","{}"],"allowedUpstreams":["{}","{}"]}}"#,
-        cities(1, 8),
-        CARRIERS[0],
-        CARRIERS[1],
-        UPSTREAMS[0],
-        UPSTREAMS[1]
-    );
+    let filters = two_of_each_but_regions(&cities(1, 8));
     let all = format!(r#"{{"count":5,"fulfillment":"allOrNothing",{filters}}}"#);
     let reserve = eligible.len() as u32 - 5;
 
