@@ -551,6 +551,78 @@ async fn a_backlog_over_many_combinations_is_passed_a_run_at_a_time() {
     common::model::pool_state(&h.pool).await.unwrap();
 }
 
+/// An enumerated walk takes its combinations' heads a batch at a time (the
+/// least `count + 16`), so a walk that opens more combinations than a batch
+/// holds loads the next before it passes the batch's last head: 64
+/// combinations named (2 protocols x 8 cities x 2 carriers x 2 upstreams),
+/// each with a stale entry first and two fresh ones later, their expiries
+/// scrambled across combinations. The answer is the 5 soonest fresh ones,
+/// exactly, through the rounds that pass the stale heads.
+#[tokio::test]
+async fn an_enumerated_walk_past_its_first_batch_keeps_expiry_order() {
+    let h = Harness::start().await;
+    let max_age = h.config.max_health_check_age.as_millis() as i64;
+    let now = now_ms();
+    let combination = |k: usize, p: &mut NewProxy| {
+        p.protocol = ["http", "https"][k % 2].into();
+        p.region = format!("city-{:03}", 1 + k / 2 % 8);
+        p.carrier = CARRIERS[k / 16 % 2].into();
+        p.upstream = UPSTREAMS[k / 32 % 2].into();
+    };
+    let stale: Vec<NewProxy> = (0..64)
+        .map(|k| {
+            let mut p = proxy(&format!("stale-{k:02}"));
+            combination(k, &mut p);
+            p.expires_at = now + 600_000 + k as i64;
+            p.usable_until = p.expires_at;
+            p.health_checked_at = now - max_age + 3_000;
+            p
+        })
+        .collect();
+    h.load(&stale).await;
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    let fresh: Vec<NewProxy> = (0..128)
+        .map(|j| {
+            let mut p = proxy(&format!("fresh-{j:03}"));
+            combination(j % 64, &mut p);
+            p.expires_at = now + 700_000 + (j as i64 * 7_919 % 128) * 1_000;
+            p.usable_until = p.expires_at;
+            p.health_checked_at = now_ms();
+            p
+        })
+        .collect();
+    h.load(&fresh).await;
+    // Values the filter does not name (so it restricts every dimension),
+    // expiring before every fresh entry it matches.
+    let mut others = Vec::new();
+    for (i, (region, carrier, upstream)) in [
+        ("city-009", CARRIERS[0], UPSTREAMS[0]),
+        ("city-001", CARRIERS[2], UPSTREAMS[0]),
+        ("city-001", CARRIERS[0], UPSTREAMS[2]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut p = proxy(&format!("other-{i}"));
+        (p.region, p.carrier, p.upstream) = (region.into(), carrier.into(), upstream.into());
+        p.expires_at = now + 650_000 + i as i64;
+        p.usable_until = p.expires_at;
+        others.push(p);
+    }
+    h.load(&others).await;
+    let mut soonest: Vec<&NewProxy> = fresh.iter().collect();
+    soonest.sort_by_key(|p| (p.expires_at, p.id.clone()));
+    let expected: Vec<String> = soonest[..5].iter().map(|p| p.id.clone()).collect();
+
+    let body = format!(
+        r#"{{"count":5,{}}}"#,
+        two_of_each_but_regions(&cities(1, 8))
+    );
+    let r = h.extract(&body, &[]).await;
+    assert_eq!((r.status, r.ids()), (200, expected), "{}", r.body);
+    common::model::pool_state(&h.pool).await.unwrap();
+}
+
 /// Two deployments with different policies on one pool: the one whose
 /// policy the pool did not record answers 503 POOL_POLICY_MISMATCH to
 /// extraction and readiness alike (its error, logged, names both), and its

@@ -224,11 +224,12 @@ end
 -- combination rather than an entry each (the first other entry stops it).
 local function step_entry(X, h, cur)
   local limit
+  local bound = X.enum_floor_key
   if h[2] then
-    local bound = h[2].key
+    if not bound or h[2].key < bound then bound = h[2].key end
     if h[3] and h[3].key < bound then bound = h[3].key end
-    limit = cur.prefix .. bound
   end
+  if bound then limit = cur.prefix .. bound end
   local m, i, tkey, from = cur.m, cur.i, cur.tkey, cur.from
   local recs, ex_m, ex_f, ex_r = cur.recs, cur.ex_m, cur.ex_f, cur.ex_r
   local n, found, skipped, target = #ex_m, X.found, X.skipped, X.target
@@ -293,6 +294,57 @@ local function open_enumerated(X, h, cur)
   if ac then heap_push(h, ac) end
 end
 
+-- The enumerated combinations with a head join the heap a batch at a
+-- time: the least target + 16 by head above X.enum_floor (a
+-- counter value "<head>\t<n>": they order as their heads), chosen with a
+-- bounded max-heap of those values, so a wide enumeration makes a table
+-- only for the heads a walk can reach. X.enum_floor is the batch's last
+-- (nil when none is left out); the walk loads the next batch before it
+-- passes that head (X.enum_floor_key).
+local function push_enumerated(X, h)
+  local atoms, counts = enumerated(X)
+  local above, k = X.enum_floor, X.target + 16
+  local vs, is, n, more = {}, {}, 0, false
+  for i = 1, #atoms do
+    local v = counts[i]
+    if v and byte(v, 1) ~= 9 and (not above or v > above) then
+      if n < k then
+        n = n + 1
+        local j = n
+        vs[j], is[j] = v, i
+        while j > 1 do
+          local p = floor(j / 2)
+          if vs[p] >= vs[j] then break end
+          vs[p], vs[j], is[p], is[j] = vs[j], vs[p], is[j], is[p]
+          j = p
+        end
+      else
+        more = true
+        if v < vs[1] then
+          vs[1], is[1] = v, i
+          local j = 1
+          while true do
+            local l, m = 2 * j, j
+            if l <= n and vs[l] > vs[m] then m = l end
+            if l + 1 <= n and vs[l + 1] > vs[m] then m = l + 1 end
+            if m == j then break end
+            vs[m], vs[j], is[m], is[j] = vs[j], vs[m], is[j], is[m]
+            j = m
+          end
+        end
+      end
+    end
+  end
+  X.enum_floor, X.enum_floor_key = nil, nil
+  if more then
+    X.enum_floor, X.enum_floor_key = vs[1], sub(vs[1], 1, find(vs[1], '\t', 1, true) - 1)
+  end
+  for j = 1, n do
+    local v = vs[j]
+    heap_push(h, {pending = true, atom = atoms[is[j]], key = sub(v, 1, find(v, '\t', 1, true) - 1)})
+  end
+end
+
 -- The merge: until `target` eligible entries are found, everything is
 -- seen (X.exhausted), or SKIP_MAX entries (or entries in TOUCH_MAX
 -- combinations) were passed (X.stuck).
@@ -301,16 +353,10 @@ local function walk(X)
   X.taken, X.taken_m, X.taken_id, X.cursors, X.opened, X.bogus, X.refresh = {}, {}, {}, {}, {}, {}, {}
   if X.nothing or X.target == 0 then X.exhausted = true; return end
   local h = {}
+  X.enum_floor, X.enum_floor_key = nil, nil
   if X.enumerate then
-    -- Every matching combination with a head, by its head (heapified).
-    local atoms, counts = enumerated(X)
-    for i = 1, #atoms do
-      local v = counts[i]
-      if v and byte(v, 1) ~= 9 then
-        h[#h + 1] = {pending = true, atom = atoms[i], key = sub(v, 1, find(v, '\t', 1, true) - 1)}
-      end
-    end
-    for i = floor(#h / 2), 1, -1 do heap_down(h, i) end
+    -- The matching combinations with a head, by head, a batch at a time.
+    push_enumerated(X, h)
   else
     local ranges = X.ranges
     local page = #ranges == 1 and min(X.target + 1, 256) or min(floor(X.target / #ranges) + 2, 64)
@@ -322,6 +368,10 @@ local function walk(X)
   end
   while X.found < X.target do
     local cur = h[1]
+    if X.enum_floor_key and (not cur or cur.key > X.enum_floor_key) then
+      push_enumerated(X, h)
+      cur = h[1]
+    end
     if not cur then X.exhausted = true; return end
     if cur.range then
       step_range(X, h, cur)
