@@ -501,6 +501,19 @@ async fn a_stale_backlog_is_answered_and_every_round_progresses() {
     common::model::pool_state(&h.pool).await.unwrap();
 }
 
+/// Loads `proxies` indexed and healthy with checks that pass the harness's
+/// `maxHealthCheckAge` 3 s later, and waits those 3 s: a stalled checker's
+/// entries, spent in the index.
+async fn load_going_stale(h: &Harness, proxies: &mut [NewProxy]) {
+    let max_age = h.config.max_health_check_age.as_millis() as i64;
+    let checked = now_ms() - max_age + 3_000;
+    for p in proxies.iter_mut() {
+        p.health_checked_at = checked;
+    }
+    h.load(proxies).await;
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+}
+
 /// A stalled checker's backlog spread over many combinations, their
 /// entries interleaved by expiry (400 combinations x 5 stale entries, the
 /// j-th of each before every (j+1)-th), ahead of more fresh entries than a
@@ -512,9 +525,7 @@ async fn a_stale_backlog_is_answered_and_every_round_progresses() {
 #[tokio::test]
 async fn a_backlog_over_many_combinations_is_passed_a_run_at_a_time() {
     let h = Harness::start().await;
-    let max_age = h.config.max_health_check_age.as_millis() as i64;
     let now = now_ms();
-    let checked = now - max_age + 3_000;
     let mut stale = Vec::new();
     for j in 0..5_i64 {
         for r in 0..400_i64 {
@@ -522,12 +533,10 @@ async fn a_backlog_over_many_combinations_is_passed_a_run_at_a_time() {
             p.region = format!("city-{r:03}");
             p.expires_at = now + 600_000 + j * 1_000 + r;
             p.usable_until = p.expires_at;
-            p.health_checked_at = checked;
             stale.push(p);
         }
     }
-    h.load(&stale).await;
-    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    load_going_stale(&h, &mut stale).await;
     let mut fresh = proxies("fresh", 2_100);
     for (i, p) in fresh.iter_mut().enumerate() {
         p.expires_at = now + 900_000 + i as i64;
@@ -561,7 +570,6 @@ async fn a_backlog_over_many_combinations_is_passed_a_run_at_a_time() {
 #[tokio::test]
 async fn an_enumerated_walk_past_its_first_batch_keeps_expiry_order() {
     let h = Harness::start().await;
-    let max_age = h.config.max_health_check_age.as_millis() as i64;
     let now = now_ms();
     let combination = |k: usize, p: &mut NewProxy| {
         p.protocol = ["http", "https"][k % 2].into();
@@ -569,18 +577,16 @@ async fn an_enumerated_walk_past_its_first_batch_keeps_expiry_order() {
         p.carrier = CARRIERS[k / 16 % 2].into();
         p.upstream = UPSTREAMS[k / 32 % 2].into();
     };
-    let stale: Vec<NewProxy> = (0..64)
+    let mut stale: Vec<NewProxy> = (0..64)
         .map(|k| {
             let mut p = proxy(&format!("stale-{k:02}"));
             combination(k, &mut p);
             p.expires_at = now + 600_000 + k as i64;
             p.usable_until = p.expires_at;
-            p.health_checked_at = now - max_age + 3_000;
             p
         })
         .collect();
-    h.load(&stale).await;
-    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    load_going_stale(&h, &mut stale).await;
     let fresh: Vec<NewProxy> = (0..128)
         .map(|j| {
             let mut p = proxy(&format!("fresh-{j:03}"));

@@ -230,7 +230,7 @@ local function take_first(X)
       local v = counts[i]
       if v and byte(v, 1) ~= 9 and (not least or v < least) then least, at = v, i end
     end
-    if least then key, atom = sub(least, 1, find(least, '\t', 1, true) - 1), atoms[at] end
+    if least then key, atom = counter_head(least), atoms[at] end
   end
   local ranges = X.enumerate and NONE or X.ranges
   for i = 1, #ranges do

@@ -337,11 +337,10 @@ local function push_enumerated(X, h)
   end
   X.enum_floor, X.enum_floor_key = nil, nil
   if more then
-    X.enum_floor, X.enum_floor_key = vs[1], sub(vs[1], 1, find(vs[1], '\t', 1, true) - 1)
+    X.enum_floor, X.enum_floor_key = vs[1], counter_head(vs[1])
   end
   for j = 1, n do
-    local v = vs[j]
-    heap_push(h, {pending = true, atom = atoms[is[j]], key = sub(v, 1, find(v, '\t', 1, true) - 1)})
+    heap_push(h, {pending = true, atom = atoms[is[j]], key = counter_head(vs[j])})
   end
 end
 

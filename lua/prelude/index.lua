@@ -24,6 +24,12 @@ local ATOM = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$'
 -- A combination's counter "<head>\t<n>" (head "" when it has none).
 local ATOM_COUNT = '^([^\t]*)\t(%d+)$'
 
+-- The head of a combination's counter value (one with a head: its first
+-- byte is not "\t").
+local function counter_head(v)
+  return sub(v, 1, find(v, '\t', 1, true) - 1)
+end
+
 -- The four grouping counter fields of an atom's parts.
 local function grouping_fields(p, r, c, u)
   return 'P|' .. p, 'R|' .. p .. '|' .. r, 'C|' .. p .. '|' .. c, 'U|' .. p .. '|' .. u
