@@ -204,7 +204,7 @@ local function step_range(X, h, cur)
   end
   X.opened[atom] = true
   -- A small first page: the next combination's head may come first.
-  local ac = open_atom(X, atom, min(X.target - X.found + 1, 8))
+  local ac = open_atom(X, atom, min(X.target - X.found + 1, X.atom_page))
   if not ac or ac.key ~= head then
     X.bogus[#X.bogus + 1] = member       -- a head that is not its atom's first entry
     X.refresh[#X.refresh + 1] = atom
@@ -289,7 +289,7 @@ end
 local function open_enumerated(X, h, cur)
   local atom = cur.atom
   X.opened[atom] = true
-  local ac = open_atom(X, atom, min(X.target - X.found + 1, 8))
+  local ac = open_atom(X, atom, min(X.target - X.found + 1, X.atom_page))
   if not ac or ac.key ~= cur.key then X.refresh[#X.refresh + 1] = atom end
   if ac then heap_push(h, ac) end
 end
@@ -353,18 +353,26 @@ local function walk(X)
   if X.nothing or X.target == 0 then X.exhausted = true; return end
   local h = {}
   X.enum_floor, X.enum_floor_key = nil, nil
+  -- How many heads the walk sees first: more than it needs proxies, and
+  -- each combination it opens most likely gives one (X.atom_page: its
+  -- first page holds that entry and the next, the combination's new
+  -- head); fewer, and each gives several (a page of up to 8).
+  local heads = 0
   if X.enumerate then
     -- The matching combinations with a head, by head, a batch at a time.
     push_enumerated(X, h)
+    heads = #h
   else
     local ranges = X.ranges
     local page = #ranges == 1 and min(X.target + 1, 256) or min(floor(X.target / #ranges) + 2, 64)
     for i = 1, #ranges do
       local cur = open_range(ranges[i], page)
+      if cur then heads = heads + #cur.m end
       if cur and range_at(X, cur) then heap_push(h, cur) end
       if X.restart then return end
     end
   end
+  X.atom_page = heads > X.target and 2 or 8
   while X.found < X.target do
     local cur = h[1]
     if X.enum_floor_key and (not cur or cur.key > X.enum_floor_key) then
