@@ -41,6 +41,55 @@ local function read_incoming(argv)
   return incoming
 end
 
+-- A refresh that keeps its place: a counted entry whose deadline is ahead,
+-- indexable after, in the same combination, neither its combination's
+-- head before nor after (the common refresh: a later expiry for one of
+-- many). Its record, its `due` score and its `ax` entry move; nothing
+-- counted does (its count, heads and groupings stay), so the index is
+-- not planned for it.
+local function keeps_place(old, was, new)
+  return was and old and not old.tomb and old.d13 > NOW13 and indexable(new) and old.loc ~= new.loc
+    and old.p == new.p and old.r == new.r and old.c == new.c and old.u == new.u
+end
+
+-- Writes the refreshes `ids` (each keeps_place) that leave their
+-- combination's head alone, as their combination's counter says (one
+-- HMGET); a combination with one that would not, or that another item
+-- changes (in `ix`), has all of them moved the general way.
+local function move_in_place(w, ix, ids, before, current)
+  local atoms, at, of = {}, {}, {}
+  for i = 1, #ids do
+    local atom = atom_of(before[ids[i]].loc, ids[i])
+    if not at[atom] then
+      atoms[#atoms + 1] = atom
+      at[atom] = #atoms
+    end
+    of[i] = atom
+  end
+  local counts = chunked_read('HMGET', K.cnt, atoms)
+  local general = {}
+  for i = 1, #ids do
+    local id, atom = ids[i], of[i]
+    local head = match(counts[at[atom]] or '', ATOM_COUNT)
+    if not head or head == '' or ix.by[atom] or head == before[id].e13 .. '|' .. id
+       or current[id].e13 .. '|' .. id < head then
+      general[atom] = true
+    end
+  end
+  for i = 1, #ids do
+    local id = ids[i]
+    local old, new = before[id], current[id]
+    if general[of[i]] then
+      move_record(w, ix, id, old, true, new)
+    else
+      push2(w.rec_set, id, encode(new))
+      push2(w.due_set, new.d13, id)
+      w.ax_rem[#w.ax_rem + 1] = old.loc
+      push2(w.ax_add, '0', new.loc)
+    end
+  end
+end
+
 local function upsert(keys, argv)
   bind_keys(keys)
   clock()
@@ -78,10 +127,18 @@ local function upsert(keys, argv)
 
   -- The writes, from each record's state before the call to its state after.
   local w, ix = new_writes(), new_changes()
+  local in_place = {}
   for _, id in ipairs(order) do
     local old, new = before[id], current[id]
-    if new ~= old then move_record(w, ix, id, old, was[id], new) end
+    if new ~= old then
+      if keeps_place(old, was[id], new) then
+        in_place[#in_place + 1] = id
+      else
+        move_record(w, ix, id, old, was[id], new)
+      end
+    end
   end
+  if #in_place > 0 then move_in_place(w, ix, in_place, before, current) end
   expect_zset(K.ax)
   expect_zset(K.hd)
   adopt_meta(w, plan_index(ix, w, ADOPT_FIELDS))

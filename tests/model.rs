@@ -205,11 +205,47 @@ fn stale_run(shape: Shape) -> impl Strategy<Value = Vec<Spec>> {
         })
 }
 
+/// A load that gives each proxy its own combination (derived from its id)
+/// with a new expiry and health check: once an id is there, what the
+/// Controller sends most, a refresh that moves the entry within its
+/// combination's slice (the scripts' in-place path when the head stays).
+fn same_place(shape: Shape) -> impl Strategy<Value = Vec<Spec>> {
+    prop::collection::vec(
+        (
+            0..shape.ids,
+            200i64..4000,
+            prop::bool::weighted(0.9),
+            0i64..1500,
+        ),
+        1..shape.max_batch,
+    )
+    .prop_map(move |items| {
+        items
+            .into_iter()
+            .map(|(id, expires_in, health_ok, checked_ago)| {
+                let n = usize::from(id);
+                Spec {
+                    id,
+                    protocol: n % 3,
+                    region: n % shape.regions,
+                    carrier: n % shape.carriers,
+                    upstream: n % shape.upstreams,
+                    expires_in,
+                    margin: 0,
+                    health_ok,
+                    checked_ago,
+                }
+            })
+            .collect()
+    })
+}
+
 fn op(shape: Shape) -> impl Strategy<Value = Op> {
     let ids = shape.ids;
     prop_oneof![
         3 => prop::collection::vec(spec(shape), 1..shape.max_batch).prop_map(Op::Load),
         1 => stale_run(shape).prop_map(Op::Load),
+        2 => same_place(shape).prop_map(Op::Load),
         2 => (0..ids, any::<bool>(), prop::option::of(0i64..2500))
             .prop_map(|(id, ok, checked_ago)| Op::Health { id, ok, checked_ago }),
         3 => (0..ids, 0..3u8).prop_map(|(id, worker)| Op::Claim { id, worker }),
