@@ -52,8 +52,8 @@ local function keeps_place(old, was, new)
     and old.p == new.p and old.r == new.r and old.c == new.c and old.u == new.u
 end
 
--- Writes the refreshes `ids` (each keeps_place) that leave their
--- combination's head alone, as their combination's counter says (one
+-- Moves the refreshes `ids` (each keeps_place) without planning the index
+-- when they leave their combination's head alone, as its counter says (one
 -- HMGET); a combination with one that would not, or that another item
 -- changes (in `ix`), has all of them moved the general way.
 local function move_in_place(w, ix, ids, before, current)
@@ -78,15 +78,7 @@ local function move_in_place(w, ix, ids, before, current)
   end
   for i = 1, #ids do
     local id = ids[i]
-    local old, new = before[id], current[id]
-    if general[of[i]] then
-      move_record(w, ix, id, old, true, new)
-    else
-      push2(w.rec_set, id, encode(new))
-      push2(w.due_set, new.d13, id)
-      w.ax_rem[#w.ax_rem + 1] = old.loc
-      push2(w.ax_add, '0', new.loc)
-    end
+    move_record(w, general[of[i]] and ix or nil, id, before[id], true, current[id])
   end
 end
 

@@ -404,7 +404,9 @@ end
 -- tombstone {tomb = true, e13 = its expiry} or false), counted in band 0
 -- when `was`, to
 -- `new` (a decoded record, or nil: deleted): its field, its `due` entry, its
--- index entry and the counts and heads that follow.
+-- index entry and the counts and heads that follow (in `ix`; nil when the
+-- caller knows that nothing counted moves and no head changes: a refresh
+-- in place, upsert.lua's move_in_place).
 local function move_record(w, ix, id, old, was, new)
   local old_loc = old and not old.tomb and old.loc or nil
   local new_loc = new and new.loc or nil
@@ -412,7 +414,9 @@ local function move_record(w, ix, id, old, was, new)
   local same = old_loc == new_loc
   if was and (not index or not same) then
     w.ax_rem[#w.ax_rem + 1] = old_loc
-    ix_remove(ix, old.p .. '|' .. old.r .. '|' .. old.c .. '|' .. old.u, old.e13 .. '|' .. id, true)
+    if ix then
+      ix_remove(ix, old.p .. '|' .. old.r .. '|' .. old.c .. '|' .. old.u, old.e13 .. '|' .. id, true)
+    end
   end
   if not new then
     w.rec_del[#w.rec_del + 1] = id
@@ -425,6 +429,8 @@ local function move_record(w, ix, id, old, was, new)
   -- spent by a walk (its deadline was not ahead).
   if index and not (was and same and old.d13 > NOW13) then
     push2(w.ax_add, '0', new_loc)
-    ix_add(ix, new.p .. '|' .. new.r .. '|' .. new.c .. '|' .. new.u, new.e13 .. '|' .. id, not (was and same))
+    if ix then
+      ix_add(ix, new.p .. '|' .. new.r .. '|' .. new.c .. '|' .. new.u, new.e13 .. '|' .. id, not (was and same))
+    end
   end
 end
